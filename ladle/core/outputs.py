@@ -87,6 +87,11 @@ class RunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
+class RequestRejected(ValueError):
+    """A request that can never be served (prompt + max_tokens beyond max_model_len, or more blocks than the
+    pool holds). Raised at admission; the server maps it to HTTP 400 with the message as is."""
+
+
 FINISH_STOP = "stop"        # EOS, stop token id, or stop string
 FINISH_LENGTH = "length"    # max_tokens or max_model_len
 FINISH_ABORT = "abort"      # client disconnect, shutdown, or explicit abort

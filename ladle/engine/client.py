@@ -54,6 +54,7 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+    queue_time: Optional[float] = None  # seconds from arrival to first scheduled (set once known)
 
 
 @dataclass
@@ -77,12 +78,22 @@ class EngineError(RuntimeError):
     """The engine failed a request (its step raised) or the engine loop is dead."""
 
 
-class RequestRejected(ValueError):
-    """A request that can never be served (too long for max_model_len or the KV pool): HTTP 400."""
+# Defined in core (the scheduler raises it at admission); re-exported here for the server.
+from ladle.core.outputs import RequestRejected  # noqa: E402
 
 
 class EngineClient(abc.ABC):
-    """Async facade over the engine thread."""
+    """Async facade over the engine thread.
+
+    Attributes every implementation sets: `tokenizer` (a transformers tokenizer with the chat template),
+    `engine_config` (the resolved EngineConfig: max_model_len, block size and dtype filled in),
+    `max_model_len` (int), `model_name` (served model name).
+    """
+
+    tokenizer: object
+    engine_config: object
+    max_model_len: int
+    model_name: str
 
     @abc.abstractmethod
     def generate(

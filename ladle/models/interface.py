@@ -16,6 +16,10 @@ from ladle.layers.attention.metadata import LayerCacheSpec
 
 
 class CausalLM(Protocol):
+    @classmethod
+    def required_block_size(cls, hf_config: dict) -> "int | None":
+        """The KV block size the model's semantics fix (MiniMax-M3: index_block_size), or None."""
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids [T] int64, positions [T] int64 -> hidden states [T, hidden] in the model dtype.
         Reads the AttentionMetadata and KV caches from `get_forward_context()` and writes the new K/V."""
