@@ -1,0 +1,344 @@
+"""Continuous batching: which tokens of which requests run in the next step.
+
+One loop over requests, not phases (ARCHITECTURE.md): each scheduled request feeds
+`all_token_ids[num_computed_tokens : num_computed_tokens + n]`, where n is capped by the token budget, so a
+long prompt is split into chunks across steps (chunked prefill), a prefix hit starts at the hit length, and
+a decode is the n == 1 case. Per step:
+
+ 1. running requests in order (oldest first), each taking what is left of the budget; when the block pool
+    cannot hold a request's new tokens, the newest running request is preempted (blocks freed, progress
+    reset, back to the front of the waiting queue; recomputed later, its outputs kept) until it fits;
+ 2. then, if nothing was preempted, waiting requests first-come-first-served while the budget,
+    `max_num_seqs` and the pool allow (the queue head blocks the rest: no overtaking).
+
+`update` applies the runner's sampled tokens, runs the stop checks, registers full blocks in the prefix
+cache and frees finished requests' blocks in the same step. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from ladle.config import SchedulerConfig
+from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.outputs import (
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    EngineOutput,
+    NewRequestData,
+    RequestRejected,
+    RunnerOutput,
+    ScheduledChunk,
+    SchedulerOutput,
+)
+from ladle.core.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerStats:
+    """Snapshot for /metrics (vLLM meanings). Counters are totals since start; token counts in tokens.
+
+    kv_cache_usage: fraction of usable blocks referenced by requests (cached-but-free blocks count as free).
+    prompt_tokens_total: prompt tokens of requests at their first scheduling (cached ones included).
+    prefix_cache_queries_total / hits_total: prompt tokens looked up in / served from the prefix cache.
+    """
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_preemptions_total: int = 0
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
+
+
+class Scheduler:
+    """Token-budget scheduler with chunked prefill, preemption by recompute and prefix caching.
+
+    Args:
+        config: max_num_seqs and max_num_batched_tokens per step.
+        block_size, num_blocks: KV pool geometry; num_blocks includes the null block 0.
+        max_model_len: the context limit; prompt + max_tokens above it is refused at admission.
+        enable_prefix_caching: automatic prefix caching.
+    Not thread-safe: the engine thread is its only caller.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        block_size: int,
+        num_blocks: int,
+        max_model_len: int,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if config.max_num_seqs < 1 or config.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be positive: {config}")
+        self.config = config
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.kv_cache_manager = KVCacheManager(block_size, num_blocks, enable_prefix_caching)
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in scheduling order: the last one is preempted first
+        self._finished_ids: list[str] = []  # finished since the last schedule, runner holds their state
+        self._stats = SchedulerStats()
+
+    # ---- admission ---------------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request. Raises RequestRejected (message gives the limit and the counts) when it can
+        never run: empty prompt, prompt + max_tokens > max_model_len, or more blocks than the pool has.
+        Raises ValueError for a duplicate request_id (an engine bug, not user input)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        num_prompt, max_tokens = request.num_prompt_tokens, request.max_tokens
+        if num_prompt == 0:
+            raise RequestRejected("The prompt is empty; at least one token is required.")
+        if num_prompt + max_tokens > self.max_model_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} in the "
+                f"completion). Please reduce the prompt or max_tokens."
+            )
+        # K/V is computed for every token except the last sampled one.
+        num_kv_tokens = num_prompt + max(max_tokens - 1, 0)
+        num_blocks = self.kv_cache_manager.num_blocks_for(num_kv_tokens)
+        usable = self.kv_cache_manager.num_usable_blocks
+        if num_blocks > usable:
+            raise RequestRejected(
+                f"The request needs up to {num_kv_tokens} tokens of KV cache ({num_prompt} in the prompt, "
+                f"{max_tokens} in the completion) = {num_blocks} blocks of {self.block_size} tokens, but the "
+                f"KV cache holds only {usable} blocks ({usable * self.block_size} tokens). Please reduce the "
+                f"prompt or max_tokens."
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    # ---- schedule ----------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's chunks (see the module docstring). Mutates queues, block tables and
+        request status; `num_computed_tokens` advances only in `update`."""
+        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            assert num_new > 0, request
+            if not self._allocate_or_preempt(request, num_new, out):
+                break  # the request preempted itself: it was the last running one
+            out.chunks.append(self._chunk(request, num_new))
+            budget -= num_new
+            i += 1
+        if not out.preempted_request_ids:
+            self._schedule_waiting(budget, out)
+        return out
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
+        """Allocate for `request`, preempting from the end of `running` until it fits. False when
+        `request` itself had to be preempted."""
+        while not self.kv_cache_manager.allocate_slots(request, num_new):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted_request_ids.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
+        kv = self.kv_cache_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hit_blocks, num_hit = kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit, budget)
+            if not kv.allocate_slots(request, num_new, hit_blocks):
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_hit
+            if request.status == RequestStatus.WAITING:  # first scheduling (not a resume)
+                self._on_first_schedule(request, num_hit)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.new_requests.append(
+                NewRequestData(
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(request.output_token_ids),
+                    sampling_params=request.sampling_params,
+                )
+            )
+            out.chunks.append(self._chunk(request, num_new))
+            budget -= num_new
+
+    def _on_first_schedule(self, request: Request, num_hit: int) -> None:
+        request.first_scheduled_time = time.monotonic()
+        request.num_cached_tokens = num_hit
+        self._stats.prompt_tokens_total += request.num_prompt_tokens
+        kv = self.kv_cache_manager
+        if kv.enable_prefix_caching and not request.wants_prompt_logprobs:
+            self._stats.prefix_cache_queries_total += request.num_prompt_tokens
+            self._stats.prefix_cache_hits_total += num_hit
+
+    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        end = start + num_new
+        num_pl = 0
+        if request.wants_prompt_logprobs and not request.prompt_logprobs_sent:
+            # Positions p whose next token p + 1 is a prompt token: p <= num_prompt_tokens - 2.
+            num_pl = max(0, min(end, request.num_prompt_tokens - 1) - start)
+        return ScheduledChunk(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start:end],
+            start_position=start,
+            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+            sample=end == request.num_tokens and request.max_tokens > 0,
+            prompt_logprob_positions=num_pl,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        if not request.prompt_logprobs_sent:
+            request.prompt_logprobs = []  # recomputed from position 0
+        self._stats.num_preemptions_total += 1
+        self.waiting.appendleft(request)
+
+    # ---- update ------------------------------------------------------------------------------------
+
+    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
+        """Apply one step's results. For each chunk: advance num_computed_tokens, accumulate prompt
+        logprobs, register newly full blocks, append the sampled token (sample=True), check stops, free
+        finished requests' blocks. Returns one EngineOutput per request that got a token or finished.
+        Chunks of requests finished since `schedule` (aborted in between) are ignored."""
+        outputs: list[EngineOutput] = []
+        for chunk in scheduler_output.chunks:
+            request = self.requests.get(chunk.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
+            rid = request.request_id
+            request.num_computed_tokens += len(chunk.token_ids)
+            if chunk.prompt_logprob_positions:
+                request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(rid, ()))
+            self.kv_cache_manager.cache_full_blocks(request)
+            new_token_ids: list[int] = []
+            new_logprobs = None
+            finished = False
+            if chunk.sample:
+                assert rid in runner_output.sampled_token_ids, f"runner returned no token for {rid}"
+                token_id = runner_output.sampled_token_ids[rid]
+                request.append_output_token(token_id)
+                new_token_ids = [token_id]
+                if rid in runner_output.logprobs:
+                    new_logprobs = [runner_output.logprobs[rid]]
+                self._stats.generation_tokens_total += 1
+                finished = request.check_stop(self.max_model_len)
+            elif request.max_tokens == 0 and request.num_computed_tokens >= request.num_prompt_tokens:
+                request.finish_reason = FINISH_LENGTH
+                finished = True
+            if not (new_token_ids or finished):
+                continue
+            output = self._make_output(request, new_token_ids, new_logprobs)
+            if finished:
+                self._finish(request)
+            outputs.append(output)
+        return outputs
+
+    def _make_output(
+        self, request: Request, new_token_ids: list[int], new_logprobs: Optional[list] = None
+    ) -> EngineOutput:
+        prompt_logprobs = None
+        if (
+            request.wants_prompt_logprobs
+            and not request.prompt_logprobs_sent
+            and len(request.prompt_logprobs) >= request.num_prompt_tokens - 1
+        ):
+            prompt_logprobs = [None] + list(request.prompt_logprobs)
+            request.prompt_logprobs_sent = True
+        return EngineOutput(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=new_logprobs,
+            prompt_logprobs=prompt_logprobs,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    # ---- finishing ---------------------------------------------------------------------------------
+
+    def _finish(self, request: Request) -> None:
+        """Free the blocks now; tell the runner next step if it holds state for the request."""
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+            self._finished_ids.append(request.request_id)
+        elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.waiting.remove(request)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.FINISHED
+        del self.requests[request.request_id]
+
+    def finish_requests(
+        self, request_ids: Iterable[str], finish_reason: str, stop_reason: object = None
+    ) -> list[EngineOutput]:
+        """Finish requests from outside a step (abort, stop string hit). Idempotent: unknown or already
+        finished ids are ignored. Frees their blocks now; returns one final EngineOutput per request
+        finished by this call."""
+        return self._finish_external(request_ids, finish_reason, stop_reason, None)
+
+    def fail_requests(self, request_ids: Iterable[str], error: str) -> list[EngineOutput]:
+        """Finish requests with FINISH_ERROR and `error` (their step raised). Same rules as
+        `finish_requests`."""
+        return self._finish_external(request_ids, FINISH_ERROR, None, error)
+
+    def _finish_external(
+        self, request_ids: Iterable[str], finish_reason: str, stop_reason: object, error: Optional[str]
+    ) -> list[EngineOutput]:
+        outputs = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            request.finish_reason, request.stop_reason = finish_reason, stop_reason
+            output = self._make_output(request, [])
+            output.error = error
+            self._finish(request)
+            outputs.append(output)
+        return outputs
+
+    # ---- queries -----------------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def get_stats(self) -> SchedulerStats:
+        """A copy of the counters plus current queue and pool gauges."""
+        kv = self.kv_cache_manager
+        s = self._stats
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=kv.usage(),
+            num_free_blocks=kv.num_free_blocks,
+            num_total_blocks=kv.num_usable_blocks,
+            prompt_tokens_total=s.prompt_tokens_total,
+            generation_tokens_total=s.generation_tokens_total,
+            num_preemptions_total=s.num_preemptions_total,
+            prefix_cache_queries_total=s.prefix_cache_queries_total,
+            prefix_cache_hits_total=s.prefix_cache_hits_total,
+        )

@@ -1,0 +1,229 @@
+"""AsyncEngine: the EngineClient the server uses. The EngineCore runs on its own thread.
+
+    asyncio loop                                  engine thread
+    generate() --("add", requests, ack)--> queue --> add_requests, ack via call_soon_threadsafe
+    abort()/cancel --("abort", ids)------> queue --> finish_requests("abort") at the step boundary
+                                                      step() -> OutputProcessor (detokenize, stop strings)
+    per-request asyncio.Queue <-- call_soon_threadsafe -- RequestOutputs
+
+If the engine thread dies, `is_healthy()` turns False and every open stream ends with EngineError; new
+requests are refused with EngineError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import traceback
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from ladle.config import EngineConfig
+from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_STOP
+from ladle.core.sampling_params import SamplingParams
+from ladle.engine.client import EngineClient, EngineError, EngineStats, RequestOutput
+from ladle.engine.engine_core import child_params
+from ladle.engine.engine_factory import EngineBundle, build_engine
+from ladle.engine.output_processor import OutputProcessor
+
+logger = logging.getLogger(__name__)
+_IDLE_WAIT_S = 0.05
+
+
+class _Stream:
+    """The loop-side end of one request: outputs (or an exception) are put on `queue` from the engine
+    thread through `loop.call_soon_threadsafe`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+class AsyncEngine(EngineClient):
+    """Args: bundle (a built engine). Use `AsyncEngine.from_config(engine_config)` to load one."""
+
+    def __init__(self, bundle: EngineBundle) -> None:
+        self.bundle = bundle
+        self.core = bundle.core
+        self.tokenizer = bundle.tokenizer
+        self.engine_config = bundle.engine_config
+        self.max_model_len = bundle.max_model_len
+        self.model_name = bundle.model_name
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, _Stream] = {}  # parent id -> stream (loop side registers, thread reads)
+        self._processor = OutputProcessor(self.tokenizer, self.core.queue_time)
+        self._success: dict[str, int] = {}
+        self._stats = EngineStats()
+        self._dead: Optional[str] = None
+        self._stopping = threading.Event()
+        self._publish_stats()
+        self._thread = threading.Thread(target=self._run, name="ladle-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, engine_config: EngineConfig) -> "AsyncEngine":
+        return cls(build_engine(engine_config))
+
+    # ---- EngineClient ------------------------------------------------------------------------------
+
+    async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+        """See EngineClient.generate. `request_id`, when given and not in use, becomes the internal id;
+        otherwise `cmpl-<uuid>` is generated. A duplicate in-flight id is refused (RequestRejected)."""
+        self._check_alive()
+        from ladle.core.outputs import RequestRejected
+
+        parent_id = request_id or f"cmpl-{uuid.uuid4().hex}"
+        if parent_id in self._streams:
+            raise RequestRejected(f"request id {parent_id!r} is already in use")
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop)
+        self._streams[parent_id] = stream
+        ack: asyncio.Future = loop.create_future()
+        self._inbox.put(("add", parent_id, list(prompt_token_ids), sampling_params, ack, loop))
+        finished = False
+        try:
+            await ack  # RequestRejected / EngineError surface here, before the first yield
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(parent_id, None)
+            if not finished and self._dead is None:
+                self._inbox.put(("abort", parent_id))  # client went away: free the blocks next boundary
+
+    async def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def is_healthy(self) -> bool:
+        return self._dead is None and self._thread.is_alive()
+
+    def get_stats(self) -> EngineStats:
+        return self._stats
+
+    async def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._stopping.set()
+            self._inbox.put(("stop",))
+            await asyncio.to_thread(self._thread.join, 30.0)
+
+    def _check_alive(self) -> None:
+        if not self.is_healthy():
+            raise EngineError(f"the engine is not running: {self._dead or 'stopped'}")
+
+    # ---- engine thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                block = not self.core.has_unfinished_requests()
+                if not self._drain_inbox(block):
+                    break
+                if self.core.has_unfinished_requests():
+                    self._dispatch(self.core.step())
+                self._publish_stats()
+            self._abort_everything("the engine is shutting down", FINISH_ABORT)
+        except BaseException as exc:  # noqa: BLE001 — the loop died: fail every stream, report unhealthy
+            self._dead = f"{type(exc).__name__}: {exc}"
+            logger.error("engine loop died: %s\n%s", exc, traceback.format_exc())
+            self._fail_streams(EngineError(f"the engine loop died: {self._dead}"))
+        finally:
+            self._publish_stats()
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued adds and aborts. Returns False on "stop"."""
+        while True:
+            try:
+                item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            kind = item[0]
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self._add(*item[1:])
+            elif kind == "abort":
+                self._abort(item[1])
+
+    def _add(self, parent_id: str, prompt_ids: list[int], params: SamplingParams, ack: asyncio.Future,
+             loop: asyncio.AbstractEventLoop) -> None:
+        def resolve(exc: Optional[BaseException]) -> None:
+            if ack.done():
+                return
+            if exc is None:
+                ack.set_result(None)
+            else:
+                ack.set_exception(exc)
+
+        try:
+            child_ids = self._processor.add_request(parent_id, prompt_ids, params)
+            requests = [self.core.make_request(c, prompt_ids, child_params(params, i))
+                        for i, c in enumerate(child_ids)]
+            self.core.add_requests(requests)
+        except Exception as exc:  # noqa: BLE001 — RequestRejected and friends go back to the caller
+            self._processor.remove_request(parent_id)
+            loop.call_soon_threadsafe(resolve, exc)
+            return
+        if parent_id not in self._streams:  # cancelled before the add was applied
+            self._abort(parent_id)
+        loop.call_soon_threadsafe(resolve, None)
+
+    def _abort(self, parent_id: str) -> None:
+        child_ids = self._processor.child_ids(parent_id)
+        if not child_ids:
+            return
+        self._dispatch(self.core.abort_requests(child_ids))
+
+    def _dispatch(self, engine_outputs: list) -> None:
+        processed = self._processor.process(engine_outputs)
+        for child, stop in processed.stop_hits:
+            self.core.finish_requests([child], FINISH_STOP, stop)  # echo ignored by the processor
+        for ro in processed.request_outputs:
+            if ro.finished:
+                for co in ro.outputs:
+                    if co.finish_reason:
+                        self._success[co.finish_reason] = self._success.get(co.finish_reason, 0) + 1
+            stream = self._streams.get(ro.request_id)
+            if stream is not None:
+                stream.put(ro)
+
+    def _abort_everything(self, message: str, reason: str) -> None:
+        for parent_id in self._processor.parent_ids:
+            self._dispatch(self.core.abort_requests(self._processor.child_ids(parent_id)))
+        self._dispatch_fail(message, reason)  # anything the scheduler no longer knew
+
+    def _dispatch_fail(self, message: str, reason: str) -> None:
+        processed = self._processor.fail_all(message, reason)
+        for ro in processed.request_outputs:
+            stream = self._streams.get(ro.request_id)
+            if stream is not None:
+                stream.put(ro)
+
+    def _fail_streams(self, exc: BaseException) -> None:
+        for stream in list(self._streams.values()):
+            stream.put(exc)
+
+    def _publish_stats(self) -> None:
+        s = self.core.get_stats()
+        self._stats = EngineStats(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
+                                  request_success_total=dict(self._success))
+
+
+_ = FINISH_ERROR  # re-exported meaning: failed steps arrive as finish_reason "error" outputs

@@ -1,0 +1,135 @@
+"""EngineCore: owns the scheduler and the model runner; one `step()` = schedule -> execute -> update.
+
+Single-threaded: the AsyncEngine's engine thread or the LLM caller is its only user. Everything it takes
+and returns is plain Python (Request in, EngineOutput out), so it can move to its own process later.
+
+Failure rule (ARCHITECTURE.md "Threads, aborts, failures"): an exception inside `runner.execute` fails the
+requests of that step (FINISH_ERROR with the message, blocks freed) and the engine carries on. An
+exception anywhere else propagates: the caller treats the loop as dead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import traceback
+from typing import Iterable, Optional
+
+from ladle.core.outputs import FINISH_ABORT, EngineOutput, RequestRejected
+from ladle.core.request import Request
+from ladle.core.sampling_params import SamplingParams
+from ladle.core.scheduler import Scheduler, SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+def fill_max_tokens(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    """max_tokens None -> max_model_len - prompt length. Raises RequestRejected when no room is left."""
+    if params.max_tokens is not None:
+        return params
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise RequestRejected(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
+            f"{num_prompt_tokens} tokens, which leaves no room for the completion. Please reduce the prompt.")
+    return dataclasses.replace(params, max_tokens=room)
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index` of `n`: n=1 and seed s+index (unseeded stays unseeded)."""
+    seed = None if params.seed is None else params.seed + index
+    if params.n == 1 and seed == params.seed:
+        return params
+    return dataclasses.replace(params, n=1, seed=seed)
+
+
+class EngineCore:
+    """Args: scheduler, runner (anything with `execute(SchedulerOutput) -> RunnerOutput` and a `requests`
+    dict of per-request state), max_model_len, eos_token_ids (attached to every Request)."""
+
+    def __init__(self, scheduler: Scheduler, runner, *, max_model_len: int, eos_token_ids: Iterable[int] = ()) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.max_model_len = max_model_len
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._not_scheduled: dict[str, Request] = {}  # added, not scheduled yet
+        self._queue_times: dict[str, float] = {}  # scheduled, queue time not read yet
+        self.num_failed_steps = 0
+
+    # ---- requests ----------------------------------------------------------------------------------
+
+    def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                     arrival_time: Optional[float] = None) -> Request:
+        params = fill_max_tokens(params, len(prompt_token_ids), self.max_model_len)
+        return Request(request_id, prompt_token_ids, params, self.eos_token_ids, arrival_time)
+
+    def add_request(self, request: Request) -> None:
+        """Queue one (child) request. Raises RequestRejected when it can never run."""
+        self.scheduler.add_request(request)
+        self._not_scheduled[request.request_id] = request
+
+    def add_requests(self, requests: list[Request]) -> None:
+        """All or nothing: when one is rejected, the ones already queued are aborted and the error raised."""
+        added: list[str] = []
+        try:
+            for request in requests:
+                self.add_request(request)
+                added.append(request.request_id)
+        except BaseException:
+            self.abort_requests(added)
+            raise
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineOutput]:
+        """Finish with reason "abort" and free blocks now; idempotent."""
+        ids = list(request_ids)
+        self._forget(ids)
+        return self.scheduler.finish_requests(ids, FINISH_ABORT)
+
+    def finish_requests(self, request_ids: Iterable[str], finish_reason: str,
+                        stop_reason: object = None) -> list[EngineOutput]:
+        """Finish from outside a step (a stop string hit); idempotent."""
+        ids = list(request_ids)
+        self._forget(ids)
+        return self.scheduler.finish_requests(ids, finish_reason, stop_reason)
+
+    def _forget(self, ids: list[str]) -> None:
+        for rid in ids:
+            self._not_scheduled.pop(rid, None)
+            self._queue_times.pop(rid, None)
+
+    def queue_time(self, request_id: str) -> Optional[float]:
+        """Seconds from arrival to first scheduling; available from the step that first scheduled the
+        request until read (read once)."""
+        return self._queue_times.pop(request_id, None)
+
+    def _note_scheduled(self, new_request_ids: list[str]) -> None:
+        for rid in new_request_ids:
+            request = self._not_scheduled.pop(rid, None)
+            if request is not None and request.first_scheduled_time is not None:
+                self._queue_times[rid] = request.first_scheduled_time - request.arrival_time
+
+    # ---- the step ----------------------------------------------------------------------------------
+
+    def step(self) -> list[EngineOutput]:
+        """One engine step. Returns the EngineOutputs of this step (tokens, finishes, failures)."""
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty and not (scheduler_output.finished_request_ids
+                                              or scheduler_output.preempted_request_ids):
+            return []
+        self._note_scheduled([n.request_id for n in scheduler_output.new_requests])
+        try:
+            runner_output = self.runner.execute(scheduler_output)
+        except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
+            self.num_failed_steps += 1
+            ids = [c.request_id for c in scheduler_output.chunks]
+            logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
+            for rid in ids:
+                self.runner.requests.pop(rid, None)
+            return self.scheduler.fail_requests(ids, f"{type(exc).__name__}: {exc}")
+        return self.scheduler.update(scheduler_output, runner_output)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.get_stats()

@@ -1,0 +1,81 @@
+"""The offline API: `LLM(model=None, **engine_kwargs).generate(prompts, sampling_params)`.
+
+Runs the EngineCore synchronously on the caller's thread (no engine thread). Stop strings found by the
+detokenizer finish their request right after the step that produced them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Optional, Sequence, Union
+
+from ladle.core.sampling_params import SamplingParams
+from ladle.engine.client import CompletionOutput, RequestOutput
+from ladle.engine.engine_core import child_params
+from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
+from ladle.engine.output_processor import OutputProcessor
+
+Prompt = Union[str, list[int]]
+
+
+class LLM:
+    """Args: model (HF dir, .gguf, or None for the embedded SmolLM2), any EngineConfig field by name
+    (dtype, max_model_len, block_size, kv_cache_memory_bytes, enable_prefix_caching, max_num_seqs,
+    max_num_batched_tokens, seed, device, load_format, ...). `bundle` injects a prebuilt engine (tests)."""
+
+    def __init__(self, model: Optional[str] = None, *, bundle: Optional[EngineBundle] = None, **kwargs: Any) -> None:
+        self.bundle = bundle if bundle is not None else build_engine(engine_config_from_kwargs(model, **kwargs))
+        self.core = self.bundle.core
+        self.tokenizer = self.bundle.tokenizer
+        self.engine_config = self.bundle.engine_config
+        self.processor = OutputProcessor(self.tokenizer, self.core.queue_time)
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt).input_ids)
+        return [int(t) for t in prompt]
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
+        """Generate for every prompt (strings are tokenized; token-id lists used as is) and return one final
+        RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs).
+
+        Raises RequestRejected (nothing of this call stays queued) when a request can never fit.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
+                       else [sampling_params] * len(prompts))
+        assert len(params_list) == len(prompts), "one SamplingParams per prompt, or a single one"
+        order: list[str] = []
+        try:
+            requests = []
+            for prompt, params in zip(prompts, params_list):
+                ids = self._encode(prompt)
+                parent_id = f"cmpl-{uuid.uuid4().hex}"
+                order.append(parent_id)
+                child_ids = self.processor.add_request(parent_id, ids, params)
+                requests += [self.core.make_request(child, ids, child_params(params, i))
+                             for i, child in enumerate(child_ids)]
+            self.core.add_requests(requests)
+        except BaseException:
+            for pid in order:
+                self.processor.remove_request(pid)
+            raise
+        return self._run(order)
+
+    def _run(self, order: list[str]) -> list[RequestOutput]:
+        latest: dict[str, dict[int, CompletionOutput]] = {pid: {} for pid in order}
+        last: dict[str, RequestOutput] = {}
+        while self.core.has_unfinished_requests():
+            outputs = self.core.step()
+            processed = self.processor.process(outputs)
+            for child, stop in processed.stop_hits:
+                self.core.finish_requests([child], "stop", stop)  # echoes are ignored by the processor
+            for ro in processed.request_outputs:
+                last[ro.request_id] = ro
+                for co in ro.outputs:
+                    latest[ro.request_id][co.index] = co
+        return [self.processor.final_output(pid, latest[pid], last[pid]) for pid in order]

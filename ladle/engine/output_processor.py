@@ -1,0 +1,177 @@
+"""EngineOutput (token ids per child request) -> RequestOutput (detokenized choices per client request).
+
+A client request with `n` choices is `n` child requests in the scheduler (ids `<parent>-<i>`). The processor
+keeps one IncrementalDetokenizer per choice, enforces stop strings (reporting hits so the engine can finish
+the child at the step boundary) and groups children back into one RequestOutput per parent.
+Runs on the engine thread (or the LLM caller's thread); not thread-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ladle.core.outputs import FINISH_STOP, EngineOutput, TokenLogprobs
+from ladle.core.sampling_params import SamplingParams
+from ladle.engine.client import CompletionOutput, RequestOutput
+from ladle.engine.detokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class _Choice:
+    index: int
+    detokenizer: Optional[IncrementalDetokenizer]
+    want_logprobs: bool
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: Optional[list[TokenLogprobs]] = None
+    text: str = ""
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[object] = None
+    error: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.want_logprobs:
+            self.logprobs = []
+
+
+@dataclass
+class _Parent:
+    request_id: str
+    prompt_token_ids: list[int]
+    choices: list[_Choice]
+    num_cached_tokens: int = 0
+    prompt_logprobs: Optional[list] = None
+    queue_time: Optional[float] = None
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
+
+
+@dataclass
+class ProcessedOutputs:
+    """request_outputs: one per parent that changed; stop_hits: (child id, stop string) the engine must
+    finish with reason "stop"; finished_parent_ids: parents whose every choice finished this time."""
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    stop_hits: list[tuple[str, str]] = field(default_factory=list)
+    finished_parent_ids: list[str] = field(default_factory=list)
+
+
+def child_request_id(parent_id: str, index: int, n: int) -> str:
+    """The scheduler id of choice `index`: the parent id itself when n == 1."""
+    return parent_id if n == 1 else f"{parent_id}-{index}"
+
+
+class OutputProcessor:
+    """Args: tokenizer (None = token ids only, no text); queue_time_of(child_id) -> seconds or None."""
+
+    def __init__(self, tokenizer: Any, queue_time_of: Optional[Callable[[str], Optional[float]]] = None) -> None:
+        self.tokenizer = tokenizer
+        self.queue_time_of = queue_time_of
+        self._parents: dict[str, _Parent] = {}
+        self._child_to_parent: dict[str, tuple[str, int]] = {}
+
+    def add_request(self, parent_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[str]:
+        """Register a client request; returns its child ids (one per choice)."""
+        choices, child_ids = [], []
+        for i in range(params.n):
+            detok = None
+            if self.tokenizer is not None:
+                detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
+                                               params.include_stop_str_in_output, params.skip_special_tokens)
+            choices.append(_Choice(i, detok, params.logprobs is not None))
+            child = child_request_id(parent_id, i, params.n)
+            child_ids.append(child)
+            self._child_to_parent[child] = (parent_id, i)
+        self._parents[parent_id] = _Parent(parent_id, list(prompt_token_ids), choices)
+        return child_ids
+
+    def remove_request(self, parent_id: str) -> None:
+        parent = self._parents.pop(parent_id, None)
+        if parent is not None:
+            for i in range(len(parent.choices)):
+                self._child_to_parent.pop(child_request_id(parent_id, i, len(parent.choices)), None)
+
+    def has_request(self, parent_id: str) -> bool:
+        return parent_id in self._parents
+
+    @property
+    def parent_ids(self) -> list[str]:
+        return list(self._parents)
+
+    def child_ids(self, parent_id: str) -> list[str]:
+        parent = self._parents.get(parent_id)
+        if parent is None:
+            return []
+        return [child_request_id(parent_id, i, len(parent.choices)) for i in range(len(parent.choices))]
+
+    def process(self, outputs: list[EngineOutput]) -> ProcessedOutputs:
+        """Apply one step's EngineOutputs. Outputs for unknown children or already finished choices (e.g.
+        the scheduler's echo of a stop-string finish) are ignored. Finished parents are removed."""
+        result = ProcessedOutputs()
+        changed: dict[str, list[CompletionOutput]] = {}
+        for out in outputs:
+            where = self._child_to_parent.get(out.request_id)
+            if where is None:
+                continue
+            parent = self._parents[where[0]]
+            choice = parent.choices[where[1]]
+            if choice.finish_reason is not None:
+                continue
+            delta = self._apply(parent, choice, out, result)
+            changed.setdefault(parent.request_id, []).append(delta)
+        for parent_id, deltas in changed.items():
+            parent = self._parents[parent_id]
+            finished = parent.finished
+            result.request_outputs.append(RequestOutput(
+                request_id=parent_id, prompt_token_ids=parent.prompt_token_ids, outputs=deltas,
+                finished=finished, num_cached_tokens=parent.num_cached_tokens,
+                prompt_logprobs=parent.prompt_logprobs, queue_time=parent.queue_time))
+            if finished:
+                result.finished_parent_ids.append(parent_id)
+                self.remove_request(parent_id)
+        return result
+
+    def _apply(self, parent: _Parent, choice: _Choice, out: EngineOutput, result: ProcessedOutputs) -> CompletionOutput:
+        queue_time = self.queue_time_of(out.request_id) if self.queue_time_of is not None else None
+        if choice.index == 0:
+            parent.num_cached_tokens = out.num_cached_tokens
+            if out.prompt_logprobs is not None:
+                parent.prompt_logprobs = out.prompt_logprobs
+            if parent.queue_time is None:
+                parent.queue_time = queue_time
+        choice.token_ids.extend(out.new_token_ids)
+        new_logprobs = None
+        if choice.logprobs is not None:
+            new_logprobs = list(out.new_logprobs or [])
+            choice.logprobs.extend(new_logprobs)
+        finish_reason, stop_reason = out.finish_reason, out.stop_reason
+        text_delta = ""
+        if choice.detokenizer is not None:
+            text_delta = choice.detokenizer.update(out.new_token_ids, finished=finish_reason is not None)
+            if choice.detokenizer.stop_reason is not None and finish_reason is None:
+                finish_reason, stop_reason = FINISH_STOP, choice.detokenizer.stop_reason
+                child = child_request_id(parent.request_id, choice.index, len(parent.choices))
+                result.stop_hits.append((child, stop_reason))
+        choice.text += text_delta
+        choice.finish_reason, choice.stop_reason, choice.error = finish_reason, stop_reason, out.error
+        return CompletionOutput(
+            index=choice.index, text=choice.text, token_ids=list(choice.token_ids), text_delta=text_delta,
+            token_ids_delta=list(out.new_token_ids),
+            logprobs=list(choice.logprobs) if choice.logprobs is not None else None,
+            logprobs_delta=new_logprobs, finish_reason=finish_reason, stop_reason=stop_reason, error=out.error)
+
+    def fail_all(self, error: str, reason: str = "error") -> ProcessedOutputs:
+        """Finish every open choice (engine death / shutdown): outputs carrying `reason` and `error`."""
+        outs = [EngineOutput(request_id=child, finish_reason=reason, error=error)
+                for pid in list(self._parents) for child in self.child_ids(pid)]
+        return self.process(outs)
+
+    def final_output(self, parent_id: str, outputs_by_index: dict[int, CompletionOutput],
+                     last: RequestOutput) -> RequestOutput:
+        """A RequestOutput holding every choice (the latest CompletionOutput of each), for LLM.generate."""
+        return RequestOutput(request_id=parent_id, prompt_token_ids=last.prompt_token_ids,
+                             outputs=[outputs_by_index[i] for i in sorted(outputs_by_index)], finished=last.finished,
+                             num_cached_tokens=last.num_cached_tokens, prompt_logprobs=last.prompt_logprobs,
+                             queue_time=last.queue_time)

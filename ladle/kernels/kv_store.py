@@ -1,0 +1,135 @@
+"""Paged KV-cache store: write this step's K, V (and MSA index-K) rows into their cache slots.
+
+Layout (ARCHITECTURE.md, fixed): key_cache / value_cache `[num_blocks, block_size, num_kv_heads, head_dim]`,
+index_key_cache `[num_blocks, block_size, index_head_dim]`. `slot_mapping[t] = block_id * block_size + offset`;
+a slot of -1 marks a padding token (CUDA-graph padding, or a token whose KV must not be written) and is skipped.
+
+Because a block's `[block_size, num_kv_heads, head_dim]` slab is contiguous, slot s is simply row s of the cache
+viewed as `[num_blocks * block_size, num_kv_heads * head_dim]` — the kernel copies one row per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ladle.kernels._common import check_cache_pair, triton_ok
+from ladle.observe import dispatch
+
+dispatch.register(
+    "kv_store",
+    "triton",
+    "CUDA (or TRITON_INTERPRET) tensors, cache row-contiguous, k/v [T, Hkv, D] with unit last stride, same dtype as cache",
+)
+
+
+@triton.jit
+def _store_kernel(
+    src_ptr,  # [T, W] rows (row stride src_stride, unit column stride)
+    cache_ptr,  # [num_slots, W] contiguous rows
+    slot_ptr,  # [T] int32/int64
+    src_stride,
+    W: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    for w0 in range(0, W, BLOCK_W):
+        offs = w0 + tl.arange(0, BLOCK_W)
+        mask = offs < W
+        row = tl.load(src_ptr + t.to(tl.int64) * src_stride + offs, mask=mask)
+        tl.store(cache_ptr + slot * W + offs, row, mask=mask)
+
+
+def _launch(src: torch.Tensor, cache_rows: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    num_tokens, width = src.shape
+    if num_tokens == 0:
+        return
+    block_w = min(triton.next_power_of_2(width), 2048)
+    _store_kernel[(num_tokens,)](src, cache_rows, slot_mapping, src.stride(0), W=width, BLOCK_W=block_w, num_warps=4)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[T, H, D] (unit stride on D, heads packed) -> [T, H*D] view without copying."""
+    assert x.stride(-1) == 1, "last dim must be contiguous"
+    if x.dim() == 3:
+        assert x.stride(1) == x.shape[2], "heads must be packed (stride(1) == head_dim)"
+        return x.as_strided((x.shape[0], x.shape[1] * x.shape[2]), (x.stride(0), 1))
+    return x
+
+
+def store_kvcache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k, v into the paged caches in place.
+
+    k, v: [T, num_kv_heads, head_dim] (views into a fused qkv tensor are fine: only the last dim must be
+      contiguous and heads packed; another float dtype is cast to the cache's). key_cache, value_cache:
+      [num_blocks, block_size, num_kv_heads, head_dim] contiguous. slot_mapping: [>= T] int32/int64 (the first T
+      entries are used; CUDA-graph buffers may be longer), -1 = skip. Mutates key_cache and value_cache.
+    Runs the Triton kernel when eligible (recorded in ladle.observe.dispatch), else the torch reference.
+    """
+    check_cache_pair(key_cache, value_cache)
+    assert k.shape == v.shape and k.dim() == 3, f"k {tuple(k.shape)} / v {tuple(v.shape)} must be [T, Hkv, D]"
+    assert k.shape[1:] == key_cache.shape[2:], f"k heads/dim {tuple(k.shape[1:])} != cache {tuple(key_cache.shape[2:])}"
+    assert slot_mapping.dim() == 1 and slot_mapping.shape[0] >= k.shape[0], "slot_mapping must be [>= T]"
+    slot_mapping = slot_mapping[: k.shape[0]]
+    if k.dtype != key_cache.dtype or v.dtype != key_cache.dtype:
+        k, v = k.to(key_cache.dtype), v.to(key_cache.dtype)
+    assert slot_mapping.dtype in (torch.int32, torch.int64)
+    bucket = dispatch.tokens_bucket(k.shape[0])
+    reason = triton_ok(k, v, key_cache, value_cache, slot_mapping)
+    dispatch.decide("kv_store", bucket, configured=True, ineligible_reason=reason)
+    if reason is not None:
+        store_kvcache_ref(k, v, key_cache, value_cache, slot_mapping)
+        return
+    width = key_cache.shape[2] * key_cache.shape[3]
+    kc = key_cache.view(-1, width)
+    vc = value_cache.view(-1, width)
+    _launch(_rows(k), kc, slot_mapping)
+    _launch(_rows(v), vc, slot_mapping)
+
+
+def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write MSA index keys in place. index_k [T, index_head_dim]; index_key_cache [num_blocks, block_size,
+    index_head_dim] contiguous; slot_mapping [T], -1 = skip."""
+    assert index_key_cache.dim() == 3 and index_key_cache.is_contiguous()
+    assert index_k.dim() == 2 and index_k.shape[1] == index_key_cache.shape[2] and index_k.stride(1) == 1
+    assert slot_mapping.shape == (index_k.shape[0],) and index_k.dtype == index_key_cache.dtype
+    bucket = dispatch.tokens_bucket(index_k.shape[0])
+    reason = triton_ok(index_k, index_key_cache, slot_mapping)
+    dispatch.decide("index_k_store", bucket, configured=True, ineligible_reason=reason)
+    if reason is not None:
+        store_index_kcache_ref(index_k, index_key_cache, slot_mapping)
+        return
+    _launch(index_k, index_key_cache.view(-1, index_key_cache.shape[2]), slot_mapping)
+
+
+store_kv = store_kvcache  # the name ladle/layers/attention/layer.py looks up
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch references (also the CPU path when Triton is not eligible)
+
+
+def store_kvcache_ref(k, v, key_cache, value_cache, slot_mapping) -> None:
+    """Plain-torch equivalent of `store_kvcache` (index_put on the flattened slot axis)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    key_cache.view(-1, *key_cache.shape[2:])[slots] = k[keep]
+    value_cache.view(-1, *value_cache.shape[2:])[slots] = v[keep]
+
+
+def store_index_kcache_ref(index_k, index_key_cache, slot_mapping) -> None:
+    keep = slot_mapping >= 0
+    index_key_cache.view(-1, index_key_cache.shape[2])[slot_mapping[keep].long()] = index_k[keep]
+
+
+dispatch.register("index_k_store", "triton", "same rule as kv_store")

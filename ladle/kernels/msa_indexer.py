@@ -1,0 +1,270 @@
+"""MSA lightning indexer: per (token, group) block scores over the index-K cache, then top-k block selection.
+
+Math (design/minimax_m3.md §3.5): for query token t at absolute position p_t, group g and every cached key
+position j <= p_t, s_g(t, j) = index_q[t, g] . index_k[j] (fp32 accumulation, no scaling, no ReLU). Blocks are
+anchored at absolute position 0 with width block_size (= the KV block = the MSA block, 128 in the real model):
+S_g(t, b) = max_{j in block b, j <= p_t} s_g(t, j) for b = 0 .. b_t, where b_t = p_t // block_size is the local
+block, which is forced (+inf). The kept blocks are the local block plus the best (topk - 1) other visible blocks,
+i.e. exactly min(topk, b_t + 1) distinct blocks.
+
+Output layout (ARCHITECTURE.md, "MSA selection"): `selected_block_ids [num_kv_heads, num_tokens, topk] int32` of
+*logical* block ids (readers map them through `block_table`):
+
+    slot:   0      1     ...   n-2        n-1        n .. topk-1
+            best   2nd   ...   (n-1)th    local b_t  -1 ... -1        n = min(topk, b_t + 1)
+
+Non-local entries are in descending score order. Ties: equal scores are broken toward the LOWER block id (both in
+the kernel and in the reference), so selections are deterministic; tests still compare sets.
+Tokens at or past query_start_loc[-1] (CUDA-graph padding) and tokens with position < 0 get all -1.
+
+Kernels (two launches, fixed grids for a given (num_tokens, num_reqs, max_blocks) shape, no host sync, so the
+call can be captured in a CUDA graph):
+  1. `_index_score_kernel`, grid (cdiv(T, BLOCK_Q) + B, NUM_SPLITS): one program per (query tile of one request,
+     split); it walks key blocks b = split, split + NUM_SPLITS, ... up to the tile's last local block, loads the
+     [block_size, D] index-K page through the block table once for all BLOCK_Q tokens x num_kv_heads rows (the
+     index-K cache has ONE shared head), does one tl.dot and max-pools over the block, writing
+     scores [Hkv, T, max_blocks] fp32. Decode (1 token per request) gets its parallelism from NUM_SPLITS.
+  2. `_index_topk_kernel`, grid (T, Hkv): forces the local block, masks invisible blocks, and extracts the top-k by
+     repeated argmax (lowest id among equal scores), writing the layout above.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ladle.kernels._common import interpreting, triton_ok
+
+try:  # the dispatch registry is a stdlib-only leaf; guard anyway so this file imports on its own
+    from ladle.observe import dispatch as _dispatch
+except ImportError:  # pragma: no cover
+    _dispatch = None
+
+OP = "msa_indexer"
+if _dispatch is not None:
+    _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and index dim")
+
+
+@triton.jit
+def _find_request(qsl_ptr, pid, num_reqs, BLOCK_Q: tl.constexpr):
+    """Request r owning query tile `pid`: the largest r with qsl[r] // BLOCK_Q + r <= pid (vLLM unified-attention
+    tiling: request r's tiles are pids [qsl[r] // BLOCK_Q + r, qsl[r+1] // BLOCK_Q + r + 1)). Returns num_reqs when
+    pid is past every request."""
+    lo = 0
+    hi = num_reqs + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        v = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if v <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _index_score_kernel(
+    q_ptr, k_ptr, bt_ptr, pos_ptr, qsl_ptr, score_ptr,
+    num_reqs, num_tokens, max_blocks,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_bt,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    r = _find_request(qsl_ptr, pid, num_reqs, BLOCK_Q)
+    if r >= num_reqs:
+        return
+    q_start = tl.load(qsl_ptr + r)
+    q_end = tl.load(qsl_ptr + r + 1)
+    tile = pid - (q_start // BLOCK_Q + r)
+    t0 = q_start + tile * BLOCK_Q
+    if t0 >= q_end:
+        return
+    BLOCK_M: tl.constexpr = BLOCK_Q * NUM_HEADS
+    offs_m = tl.arange(0, BLOCK_M)
+    t = t0 + offs_m // NUM_HEADS  # [BLOCK_M] token of each row
+    h = offs_m % NUM_HEADS  # [BLOCK_M] index head (= kv group) of each row
+    row_ok = t < q_end
+    pos = tl.load(pos_ptr + t, mask=row_ok, other=-1)  # [BLOCK_M] int64
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D]
+    row_blocks = tl.where(pos >= 0, pos // BLOCK_SIZE + 1, 0)  # visible blocks per row
+    n_blocks = tl.minimum(tl.max(row_blocks, axis=0), max_blocks)
+    offs_s = tl.arange(0, BLOCK_SIZE)
+    k_off = offs_s[:, None] * stride_ks + offs_d[None, :]  # [BS, D]
+    out_row = score_ptr + h.to(tl.int64) * num_tokens * max_blocks + t.to(tl.int64) * max_blocks
+    for b in range(split, n_blocks, NUM_SPLITS):
+        page = tl.load(bt_ptr + r * stride_bt + b).to(tl.int64)
+        k = tl.load(k_ptr + page * stride_kb + k_off)  # [BS, D]
+        if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong): exact fp32 products
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BS] fp32
+        j = b * BLOCK_SIZE + offs_s
+        s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
+        best = tl.max(s, axis=1)  # [BLOCK_M]
+        tl.store(out_row + b, best, mask=row_ok & (b < row_blocks))
+
+
+@triton.jit
+def _index_topk_kernel(
+    score_ptr, pos_ptr, qsl_ptr, out_ptr,
+    num_reqs, num_tokens, max_blocks,
+    BLOCK_SIZE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NB_P2: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    total = tl.load(qsl_ptr + num_reqs)
+    pos = tl.load(pos_ptr + t)
+    n_vis = tl.where((pos >= 0) & (t < total), pos // BLOCK_SIZE + 1, 0)
+    n_vis = tl.minimum(n_vis, max_blocks)
+    n_valid = tl.minimum(n_vis, TOPK)
+    bid = tl.arange(0, NB_P2)
+    row = score_ptr + (h.to(tl.int64) * num_tokens + t) * max_blocks
+    s = tl.load(row + bid, mask=bid < n_vis, other=float("-inf"))
+    s = tl.where(bid == n_vis - 1, float("inf"), s)  # forced local block
+    slot = tl.arange(0, TOPK_P2)
+    sel = tl.full([TOPK_P2], -1, tl.int32)
+    for i in tl.static_range(TOPK):
+        best = tl.max(s, axis=0)
+        idx = tl.min(tl.where(s == best, bid, NB_P2), axis=0)  # lower block id wins ties
+        dst = tl.where(i == 0, n_valid - 1, i - 1)  # local block (found first) goes to the last valid slot
+        sel = tl.where((slot == dst) & (i < n_valid), idx, sel)
+        s = tl.where(bid == idx, float("-inf"), s)
+    tl.store(out_ptr + (h.to(tl.int64) * num_tokens + t) * TOPK + slot, sel, mask=slot < TOPK)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def default_num_splits(num_tokens: int, num_reqs: int, max_blocks: int, block_q: int, device: torch.device) -> int:
+    """Split count over key blocks from shape constants only (so a CUDA graph bucket always gets the same grid):
+    aim for ~4 programs per SM, power of two, at most next_pow2(max_blocks)."""
+    tiles = triton.cdiv(num_tokens, block_q) + num_reqs
+    want = triton.cdiv(4 * _num_sms(device), max(tiles, 1))
+    return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(max(max_blocks, 1))))
+
+
+def msa_indexer_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor) -> Optional[str]:
+    """Eligibility rule of the Triton path: None when it may run, else the reason."""
+    reason = triton_ok(index_q, index_k_cache)
+    if reason:
+        return reason
+    d, bs = index_q.shape[-1], index_k_cache.shape[1]
+    if d & (d - 1) or bs & (bs - 1):
+        return f"index_head_dim {d} / block_size {bs} not a power of two"
+    if index_q.device.type == "cuda" and (bs < 16 or d < 16):
+        return "block_size and index_head_dim must be >= 16 for tl.dot"
+    return None
+
+
+def msa_indexer_triton(
+    index_q: torch.Tensor,  # [T, Hkv, D] bf16/fp16/fp32
+    index_k_cache: torch.Tensor,  # [num_blocks, block_size, D], same dtype
+    block_table: torch.Tensor,  # [B, max_blocks] int32 physical block ids
+    positions: torch.Tensor,  # [T] int64 absolute positions
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    topk: int,
+    num_splits: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,  # [Hkv, T, topk] int32, written in full
+    scores: Optional[torch.Tensor] = None,  # scratch [Hkv, T, max_blocks] fp32
+) -> torch.Tensor:
+    """Triton indexer. Returns `selected_block_ids [Hkv, T, topk] int32` (layout in the module docstring).
+
+    Preconditions (asserted): the index-K rows of every position <= positions[t] are already in the cache;
+    block_size and D are powers of two; T tokens are packed per request as described by query_start_loc.
+    """
+    T, H, D = index_q.shape
+    nb_total, bs, Dk = index_k_cache.shape
+    B, max_blocks = block_table.shape
+    assert Dk == D, f"index_q dim {D} != index_k_cache dim {Dk}"
+    assert index_q.dtype == index_k_cache.dtype, f"{index_q.dtype} vs {index_k_cache.dtype}"
+    assert index_q.stride(-1) == 1 and index_k_cache.is_contiguous()
+    assert block_table.dtype == torch.int32 and block_table.stride(1) == 1
+    assert query_start_loc.shape == (B + 1,) and query_start_loc.dtype == torch.int32
+    assert positions.shape == (T,)
+    assert topk >= 1
+    dev = index_q.device
+    block_q = max(1, 16 // H) if T > 0 else 1
+    block_q = triton.next_power_of_2(block_q)
+    if num_splits is None:
+        num_splits = default_num_splits(T, B, max_blocks, block_q, dev)
+    if scores is None:
+        scores = torch.empty((H, T, max_blocks), dtype=torch.float32, device=dev)
+    assert scores.shape == (H, T, max_blocks) and scores.dtype == torch.float32 and scores.is_contiguous()
+    if out is None:
+        out = torch.empty((H, T, topk), dtype=torch.int32, device=dev)
+    assert out.shape == (H, T, topk) and out.dtype == torch.int32 and out.is_contiguous()
+    if T == 0:
+        return out
+    positions = positions.to(torch.int64)
+    grid = (triton.cdiv(T, block_q) + B, num_splits)
+    _index_score_kernel[grid](
+        index_q, index_k_cache, block_table, positions, query_start_loc, scores,
+        B, T, max_blocks,
+        index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
+        NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
+        FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), num_warps=4, num_stages=3,
+    )
+    _index_topk_kernel[(T, H)](
+        scores, positions, query_start_loc, out, B, T, max_blocks,
+        BLOCK_SIZE=bs, TOPK=topk, TOPK_P2=triton.next_power_of_2(topk),
+        NB_P2=triton.next_power_of_2(max_blocks), num_warps=4,
+    )
+    return out
+
+
+def msa_indexer_ref(
+    index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+    query_start_loc: torch.Tensor, topk: int,
+) -> torch.Tensor:
+    """Plain-torch reference (float64 scores, per-token loop; slow, for tests). Same contract and tie rule as
+    `msa_indexer_triton`: returns [Hkv, T, topk] int32."""
+    T, H, D = index_q.shape
+    bs = index_k_cache.shape[1]
+    out = torch.full((H, T, topk), -1, dtype=torch.int32)
+    qsl = query_start_loc.tolist()
+    pos_all = positions.tolist()
+    q64 = index_q.detach().double().cpu()
+    for r in range(len(qsl) - 1):
+        for t in range(qsl[r], qsl[r + 1]):
+            p = pos_all[t]
+            if p < 0:
+                continue
+            n_vis = p // bs + 1
+            pages = block_table[r, :n_vis].long().cpu()
+            keys = index_k_cache.detach().cpu()[pages].double().reshape(n_vis * bs, D)[: p + 1]  # [p+1, D]
+            s = q64[t] @ keys.T  # [H, p+1]
+            pad = torch.full((H, n_vis * bs - (p + 1)), float("-inf"), dtype=torch.float64)
+            blk = torch.cat([s, pad], dim=1).reshape(H, n_vis, bs).amax(dim=2)  # [H, n_vis]
+            blk[:, n_vis - 1] = float("inf")
+            order = torch.sort(blk, dim=1, descending=True, stable=True).indices  # ties: lower id first
+            n = min(topk, n_vis)
+            chosen = order[:, :n]  # [H, n], local first (+inf)
+            out[:, t, : n - 1] = chosen[:, 1:].int()
+            out[:, t, n - 1] = n_vis - 1
+    return out.to(index_q.device)
+
+
+def msa_indexer(
+    index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+    query_start_loc: torch.Tensor, topk: int, *, use_triton: bool = True, **kwargs,
+) -> torch.Tensor:
+    """Dispatching entry point: the Triton kernel when configured and eligible, else the reference; the decision
+    is recorded in ladle.observe.dispatch under op "msa_indexer"."""
+    reason = msa_indexer_ineligible(index_q, index_k_cache)
+    run_fast = use_triton and reason is None
+    if _dispatch is not None:
+        run_fast = _dispatch.decide(OP, _dispatch.tokens_bucket(index_q.shape[0]), configured=use_triton,
+                                    ineligible_reason=reason)
+    if run_fast:
+        return msa_indexer_triton(index_q, index_k_cache, block_table, positions, query_start_loc, topk, **kwargs)
+    return msa_indexer_ref(index_q, index_k_cache, block_table, positions, query_start_loc, topk)

@@ -1,0 +1,275 @@
+"""MSA block-sparse attention over the blocks chosen by the indexer (prefill, chunked prefill and decode alike).
+
+Math (design/minimax_m3.md §3.5 step 10): query head h of token t belongs to group g = h // (Hq / Hkv); it attends
+to the keys j with j // block_size in Sel(g, t) and j <= positions[t], softmax(q.k * scale) in fp32, output
+sum p_j v_j. `selected_block_ids [Hkv, T, topk] int32` holds logical block ids, valid entries left-packed, -1 after
+(ARCHITECTURE.md); the order of the valid entries does not matter here. Rows with no valid entry (padding) give 0.
+
+Kernel (query-major, vLLM `minimax_m3/common/ops/sparse_attn.py` style, written from the description in
+design/kernels_and_limits.md §3.2): grid (T, Hkv, NUM_SPLITS). One program loads the G = Hq/Hkv query heads of its
+group as the MMA M dimension (padded to >= 16), walks its share of the selected slots (split s takes slots
+[s*per, (s+1)*per)), maps each logical block through block_table to a page, loads the [block_size, D] K and V
+tiles once for all G heads, and runs an online base-2 softmax. With NUM_SPLITS > 1 each program writes a partial
+(acc, max, sum) and `_merge_kernel` combines them (log-sum-exp merge). NUM_SPLITS comes from shape constants only,
+so decode is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ladle.kernels._common import check_cache_pair, interpreting, triton_ok
+
+try:
+    from ladle.observe import dispatch as _dispatch
+except ImportError:  # pragma: no cover
+    _dispatch = None
+
+OP = "msa_sparse_attention"
+if _dispatch is not None:
+    _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _token_request(qsl_ptr, t, num_reqs):
+    """Request r with qsl[r] <= t < qsl[r+1] (binary search); num_reqs when t is past the last request."""
+    lo = 0
+    hi = num_reqs + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(qsl_ptr + mid) <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _sparse_attn_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, sel_ptr, pos_ptr, qsl_ptr, out_ptr, pacc_ptr, pml_ptr,
+    num_reqs, num_tokens, sm_scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SLOTS_PER_SPLIT: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    g = tl.program_id(1)
+    split = tl.program_id(2)
+    r = _token_request(qsl_ptr, t, num_reqs)
+    pos = tl.load(pos_ptr + t)
+    sel_row = sel_ptr + (g.to(tl.int64) * num_tokens + t) * TOPK
+    slots = tl.arange(0, TOPK_P2)
+    sel = tl.load(sel_row + slots, mask=slots < TOPK, other=-1)
+    n_valid = tl.sum((sel >= 0).to(tl.int32), axis=0)
+    n_valid = tl.where((r < num_reqs) & (pos >= 0), n_valid, 0)
+    r = tl.minimum(r, num_reqs - 1)
+    lo = split * SLOTS_PER_SPLIT
+    hi = tl.minimum(lo + SLOTS_PER_SPLIT, n_valid)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = tl.arange(0, BLOCK_SIZE)
+    head = g * GROUP + offs_g
+    g_ok = offs_g < GROUP
+    q = tl.load(q_ptr + t * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=g_ok[:, None], other=0.0)
+    kv_off = offs_s[:, None] * stride_ks + g * stride_kh + offs_d[None, :]  # [BS, D]
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    for k in range(lo, hi):
+        b = tl.load(sel_row + k)
+        page = tl.load(bt_ptr + r * stride_bt + b).to(tl.int64)
+        kt = tl.load(k_ptr + page * stride_kb + kv_off)
+        if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
+            s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(kt))
+        s = s * sm_scale_log2
+        j = b * BLOCK_SIZE + offs_s
+        s = tl.where(j[None, :] <= pos, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_ptr + page * stride_kb + kv_off)
+        if FP32_IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
+                                                input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        o = acc / l_safe[:, None]
+        tl.store(out_ptr + t * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        # partials: pacc [T, Hq, NUM_SPLITS, D] fp32, pml [T, Hq, NUM_SPLITS, 2] fp32 (max in log2 units, sum)
+        base = (t.to(tl.int64) * (GROUP * tl.num_programs(1)) + head) * NUM_SPLITS + split  # [BLOCK_G]
+        tl.store(pacc_ptr + base[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_ok[:, None])
+        tl.store(pml_ptr + base * 2, m_i, mask=g_ok)
+        tl.store(pml_ptr + base * 2 + 1, l_i, mask=g_ok)
+
+
+@triton.jit
+def _merge_kernel(pacc_ptr, pml_ptr, out_ptr, num_heads, stride_ot, stride_oh,
+                  HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = (t.to(tl.int64) * num_heads + h) * NUM_SPLITS + offs_s
+    m = tl.load(pml_ptr + base * 2)
+    l = tl.load(pml_ptr + base * 2 + 1)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.math.exp2(m - m_max)  # splits with no keys have m = -inf -> weight 0
+    denom = tl.sum(l * w, axis=0)
+    acc = tl.load(pacc_ptr + base[:, None] * HEAD_DIM + offs_d[None, :])
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+
+
+def default_num_splits(num_tokens: int, num_kv_heads: int, topk: int, device: torch.device) -> int:
+    """Splits over the top-k slots from shape constants only: ~4 programs per SM, power of two, <= topk."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    want = triton.cdiv(4 * sms, max(num_tokens * num_kv_heads, 1))
+    return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(topk) // 2 or 1, 16))
+
+
+def msa_sparse_attention_ineligible(q: torch.Tensor, key_cache: torch.Tensor) -> Optional[str]:
+    """Eligibility rule of the Triton path: None when it may run, else the reason."""
+    reason = triton_ok(q, key_cache)
+    if reason:
+        return reason
+    d, bs = q.shape[-1], key_cache.shape[1]
+    if d & (d - 1) or bs & (bs - 1):
+        return f"head_dim {d} / block_size {bs} not a power of two"
+    if q.device.type == "cuda" and (bs < 16 or d < 16):
+        return "block_size and head_dim must be >= 16 for tl.dot"
+    return None
+
+
+def msa_sparse_attention_triton(
+    q: torch.Tensor,  # [T, Hq, D]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    selected_block_ids: torch.Tensor,  # [Hkv, T, topk] int32 logical ids, left-packed, -1 after
+    positions: torch.Tensor,  # [T] int64
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    scale: Optional[float] = None,  # default 1/sqrt(D)
+    num_splits: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,  # [T, Hq, D] q.dtype
+) -> torch.Tensor:
+    """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation)."""
+    check_cache_pair(key_cache, value_cache)
+    T, Hq, D = q.shape
+    nb, bs, Hkv, Dk = key_cache.shape
+    assert Dk == D and Hq % Hkv == 0, f"q {tuple(q.shape)} vs cache {tuple(key_cache.shape)}"
+    assert q.dtype == key_cache.dtype, f"{q.dtype} vs {key_cache.dtype}"
+    assert q.stride(-1) == 1
+    Hs, Ts, topk = selected_block_ids.shape
+    assert (Hs, Ts) == (Hkv, T), f"selected_block_ids must be [Hkv={Hkv}, T={T}, topk], got {(Hs, Ts, topk)}"
+    assert selected_block_ids.dtype == torch.int32 and selected_block_ids.is_contiguous()
+    assert block_table.dtype == torch.int32 and block_table.stride(1) == 1
+    assert query_start_loc.dtype == torch.int32 and positions.shape == (T,)
+    B = block_table.shape[0]
+    assert query_start_loc.shape == (B + 1,)
+    G = Hq // Hkv
+    dev = q.device
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if num_splits is None:
+        num_splits = default_num_splits(T, Hkv, topk, dev)
+    assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.shape == q.shape and out.stride(-1) == 1
+    if T == 0:
+        return out
+    positions = positions.to(torch.int64)
+    per = triton.cdiv(topk, num_splits)
+    if num_splits > 1:
+        pacc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=dev)
+        pml = torch.empty((T, Hq, num_splits, 2), dtype=torch.float32, device=dev)
+    else:
+        pacc = pml = out  # unused
+    big = bs * D >= 128 * 128
+    _sparse_attn_kernel[(T, Hkv, num_splits)](
+        q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out, pacc, pml,
+        B, T, scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
+        GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
+        TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
+        FP32_IEEE=q.dtype == torch.float32 or interpreting(), num_warps=8 if big else 4, num_stages=2,
+    )
+    if num_splits > 1:
+        _merge_kernel[(T, Hq)](pacc, pml, out, Hq, out.stride(0), out.stride(1),
+                               HEAD_DIM=D, NUM_SPLITS=num_splits, num_warps=4)
+    return out
+
+
+def msa_sparse_attention_ref(
+    q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+    selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Plain-torch reference in float64 (per-token loop, for tests). Same contract as the Triton path."""
+    T, Hq, D = q.shape
+    _, bs, Hkv, _ = key_cache.shape
+    G = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = torch.zeros((T, Hq, D), dtype=torch.float64)
+    qsl = query_start_loc.tolist()
+    pos_all = positions.tolist()
+    sel_all = selected_block_ids.cpu()
+    kc, vc, bt = key_cache.cpu().double(), value_cache.cpu().double(), block_table.cpu().long()
+    q64 = q.cpu().double()
+    for r in range(len(qsl) - 1):
+        for t in range(qsl[r], qsl[r + 1]):
+            p = pos_all[t]
+            if p < 0:
+                continue
+            for g in range(Hkv):
+                blocks = [b for b in sel_all[g, t].tolist() if b >= 0]
+                if not blocks:
+                    continue
+                j = torch.cat([torch.arange(b * bs, (b + 1) * bs) for b in blocks])
+                pages = bt[r, j // bs]
+                keep = j <= p
+                k = kc[pages[keep], j[keep] % bs, g]  # [n, D]
+                v = vc[pages[keep], j[keep] % bs, g]
+                qs = q64[t, g * G:(g + 1) * G]  # [G, D]
+                w = torch.softmax(qs @ k.T * scale, dim=-1)
+                out[t, g * G:(g + 1) * G] = w @ v
+    return out.to(q.dtype).to(q.device)
+
+
+def msa_sparse_attention(
+    q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+    selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
+    scale: Optional[float] = None, *, use_triton: bool = True, **kwargs,
+) -> torch.Tensor:
+    """Dispatching entry point (records op "msa_sparse_attention" in ladle.observe.dispatch)."""
+    reason = msa_sparse_attention_ineligible(q, key_cache)
+    run_fast = use_triton and reason is None
+    if _dispatch is not None:
+        run_fast = _dispatch.decide(OP, _dispatch.tokens_bucket(q.shape[0]), configured=use_triton,
+                                    ineligible_reason=reason)
+    args = (q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, scale)
+    if run_fast:
+        return msa_sparse_attention_triton(*args, **kwargs)
+    return msa_sparse_attention_ref(*args)

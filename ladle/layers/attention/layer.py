@@ -1,0 +1,90 @@
+"""The dense paged `Attention` layer: stores this step's K/V, then attends over each request's whole context.
+
+Backends (chosen by `ForwardContext.attn_backend`, which the runner sets from the dispatch rules):
+  "torch"  — `paged_ref.py` (reference; CPU and fallback everywhere).
+  "triton" — `ladle.kernels.paged_attention.paged_attention(q, key_cache, value_cache, attn_metadata, scale)`
+             with the same arguments/returns as `paged_attention_ref`, and, if present,
+             `ladle.kernels.kv_store.store_kv(key, value, key_cache, value_cache, slot_mapping)` with the same
+             contract as `store_kv_ref`. Both imports are optional: when a module is missing the torch
+             reference runs and the dispatch record (if `ladle.observe.dispatch` exists) shows it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from ladle.layers.attention.metadata import get_forward_context
+from ladle.layers.attention.paged_ref import paged_attention_ref, store_kv_ref
+
+_OPTIONAL_CACHE: dict[str, Any] = {}
+
+
+def _optional_attr(module: str, name: str) -> Optional[Callable]:
+    """`module.name` if importable, else None (cached; a missing optional kernel is not an error)."""
+    key = f"{module}:{name}"
+    if key not in _OPTIONAL_CACHE:
+        try:
+            _OPTIONAL_CACHE[key] = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            _OPTIONAL_CACHE[key] = None
+    return _OPTIONAL_CACHE[key]
+
+
+def _record(op: str, bucket: str, configured: bool, eligible: bool, executed: bool) -> None:
+    """Report one dispatch decision to `ladle.observe.dispatch.record` when that module provides it."""
+    record = _optional_attr("ladle.observe.dispatch", "record")
+    if record is not None:
+        record(op, bucket, configured=configured, eligible=eligible, executed=executed)
+
+
+class Attention(nn.Module):
+    """Paged causal self-attention over the KV cache of layer `layer_idx`.
+
+    Args: num_heads (query heads), num_kv_heads (divides num_heads), head_dim, scale (softmax scale),
+    layer_idx (index into `ForwardContext.kv_caches`).
+
+    forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D] in q's dtype.
+    Mutates `ctx.kv_caches[layer_idx]` (writes the new K/V at `slot_mapping`, skipping -1). No parameters.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int) -> None:
+        super().__init__()
+        assert num_heads % num_kv_heads == 0, f"num_heads {num_heads} % num_kv_heads {num_kv_heads} != 0"
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.layer_idx = layer_idx
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        md = ctx.attn_metadata
+        cache = ctx.kv_caches[self.layer_idx]
+        num_tokens = q.shape[0]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+
+        store, attend = store_kv_ref, paged_attention_ref
+        if ctx.attn_backend == "triton":
+            store, attend = self._triton_ops("decode" if md.is_decode_only else "prefill")
+        store(k, v, cache.key_cache, cache.value_cache, md.slot_mapping)
+        out = attend(q, cache.key_cache, cache.value_cache, md, self.scale)
+        return out.reshape(num_tokens, self.num_heads * self.head_dim)
+
+    @staticmethod
+    def _triton_ops(bucket: str) -> tuple[Callable, Callable]:
+        """The Triton store/attention ops where importable (else the references), recording each choice."""
+        store = _optional_attr("ladle.kernels.kv_store", "store_kv")
+        attend = _optional_attr("ladle.kernels.paged_attention", "paged_attention")
+        _record("kv_store", bucket, configured=True, eligible=store is not None, executed=store is not None)
+        _record("paged_attention", bucket, configured=True, eligible=attend is not None, executed=attend is not None)
+        return store or store_kv_ref, attend or paged_attention_ref
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                f"layer_idx={self.layer_idx}")

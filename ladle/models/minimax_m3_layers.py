@@ -1,0 +1,79 @@
+"""MiniMax-M3's own small layers: Gemma (1+w) float32 RMSNorm, partial NeoX RoPE, dense SwiGLU-OAI MLP.
+
+They differ from the generic ladle/layers versions in semantics, so they live here (design/minimax_m3.md §3.2,
+§3.4.4, §3.7; transformers MOD:153-169, 309-325, 387-405, 175-190).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ladle.layers.moe import swigluoai
+
+
+def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class GemmaRMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · (1 + w), computed in float32, cast back to x.dtype.
+
+    `weight` [dim] is the stored offset (0 = identity scale). Normalises the last dim, so it serves the per-head
+    q/k/index norms on [..., heads, head_dim] views too (one gamma shared by all heads).
+    """
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).type_as(x)
+
+
+class PartialNeoxRope(nn.Module):
+    """Rotate-half RoPE on the first `rotary_dim` channels of each head; the rest pass through.
+
+    inv_freq_i = theta^(-2i / rotary_dim), i < rotary_dim/2; channel i pairs with i + rotary_dim/2.
+    cos/sin are computed in float32 and cast to the activation dtype (as transformers does, MOD:320-325).
+    """
+
+    def __init__(self, rotary_dim: int, theta: float, device):
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        self.register_buffer("inv_freq", inv.to(device), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64 -> (cos, sin) each [T, rotary_dim] in `dtype`."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, d] with cos/sin [T, r] -> rotated copy of x (channels >= r unchanged)."""
+        r = cos.shape[-1]
+        c, s = cos[:, None, :], sin[:, None, :]
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        half = r // 2
+        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+        return torch.cat((x_rot * c + rotated * s, x_pass), dim=-1)
+
+
+class DenseMLP(nn.Module):
+    """y = swigluoai(x·Wgᵀ, x·Wuᵀ)·Wdᵀ with `gate_up_proj` [2I, H] = cat(gate_proj, up_proj) (gate first)."""
+
+    def __init__(self, hidden: int, inter: int, act: dict, dtype: torch.dtype, device):
+        super().__init__()
+        self.act = act
+        self.gate_up_proj = _param(2 * inter, hidden, dtype=dtype, device=device)
+        self.down_proj = _param(hidden, inter, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return F.linear(swigluoai(gate, up, **self.act), self.down_proj)

@@ -1,0 +1,190 @@
+"""The FastAPI app (`build_app`) and the uvicorn runner (`run_server`).
+
+Routes: /v1/completions, /v1/chat/completions, /v1/models, /health (503 once the engine loop is dead),
+/version, /tokenize, /detokenize, /metrics, /debug/dispatch.
+A pure ASGI middleware (not BaseHTTPMiddleware, which would hide client disconnects from the handlers)
+enforces `--api-key` on /v1/* and echoes the client's X-Request-Id header (never used as an internal id).
+The engine is created before uvicorn starts (load errors print plainly) and shut down in the lifespan, so
+SIGTERM (handled by uvicorn) aborts everything and exits cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hmac
+import logging
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from ladle.config import EngineConfig, ServerConfig
+from ladle.engine.client import EngineClient
+from ladle.server.errors import OpenAIError, error_body, install_error_handlers
+from ladle.server.metrics import CONTENT_TYPE, ServerMetrics
+from ladle.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+                                   ModelCard, ModelList, TokenizeRequest, TokenizeResponse, ladle_version)
+from ladle.server.serving_chat import ChatHandler, _message_dicts
+from ladle.server.serving_common import ServingContext
+from ladle.server.serving_completions import CompletionHandler
+
+logger = logging.getLogger("ladle.server")
+
+
+class EdgeMiddleware:
+    """Bearer-token check on /v1/* and X-Request-Id echo, as a plain ASGI wrapper."""
+
+    def __init__(self, app: Any, api_key: Optional[str]):
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.api_key and scope.get("path", "").startswith("/v1") and scope.get("method") != "OPTIONS":
+            given = headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                response = JSONResponse(error_body("Unauthorized: a valid API key is required", 401), status_code=401)
+                await response(scope, receive, send)
+                return
+        client_id = headers.get("x-request-id")
+
+        async def send_with_id(message: dict) -> None:
+            if client_id is not None and message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = list(message.get("headers", [])) + [
+                    (b"x-request-id", client_id.encode("latin-1"))]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _config_dict(config: Any) -> Any:
+    if config is None:
+        return {}
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    return str(config)
+
+
+def _dispatch_snapshot() -> Any:
+    """ladle.observe.dispatch's counters if the module is there, else {}."""
+    try:
+        from ladle.observe import dispatch
+    except Exception:
+        return {}
+    for name in ("snapshot", "to_dict", "as_dict", "report_dict", "get_counts"):
+        fn = getattr(dispatch, name, None)
+        if callable(fn):
+            with contextlib.suppress(Exception):
+                return fn()
+    return {}
+
+
+def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None) -> FastAPI:
+    """An app serving `engine`. The lifespan shuts the engine down when the server stops."""
+    server_config = server_config or ServerConfig()
+    engine_config = getattr(engine, "engine_config", None)
+    model_cfg = getattr(engine_config, "model", None)
+    extra = (getattr(model_cfg, "served_model_name", None), getattr(model_cfg, "model", None))
+    metrics = ServerMetrics(engine.get_stats, engine.model_name)
+    ctx = ServingContext(engine, metrics, extra_model_names=tuple(n for n in extra if n))
+    completions, chat = CompletionHandler(ctx), ChatHandler(ctx)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        logger.info("shutting down the engine")
+        with contextlib.suppress(Exception):
+            await engine.shutdown()
+
+    app = FastAPI(title="ladle", version=ladle_version(), lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def create_completion(req: CompletionRequest, raw: Request) -> Response:
+        return await completions.handle(req, raw)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
+        return await chat.handle(req, raw)
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        card = ModelCard(id=ctx.model_name, root=getattr(model_cfg, "model", None) or ctx.model_name,
+                         max_model_len=ctx.max_model_len)
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_healthy():
+            return Response(status_code=200)
+        return JSONResponse(error_body("the engine loop is not running", 503), status_code=503)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": ladle_version(), "engine_config": _config_dict(engine_config)})
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> JSONResponse:
+        ctx.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise OpenAIError("give exactly one of prompt or messages", 400, "prompt")
+        if req.prompt is not None:
+            add_special = True if req.add_special_tokens is None else req.add_special_tokens
+            ids = list(ctx.tokenizer.encode(req.prompt, add_special_tokens=add_special))
+        else:
+            chat_req = ChatCompletionRequest(messages=req.messages)  # reuse the content checks
+            from ladle.engine.tokenizer import apply_chat_template
+
+            kwargs = dict(req.chat_template_kwargs or {})
+            if req.continue_final_message:
+                kwargs["continue_final_message"] = True
+            ids = apply_chat_template(ctx.tokenizer, _message_dicts(chat_req),
+                                      add_generation_prompt=req.add_generation_prompt
+                                      and not req.continue_final_message, **kwargs)
+        strs = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ids] if req.return_token_strs else None
+        return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
+                                             token_strs=strs).model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> JSONResponse:
+        ctx.check_model(req.model)
+        vocab = ctx.vocab_size()
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise OpenAIError(f"token id {bad[0]} is out of range [0, {vocab})", 400, "tokens")
+        return JSONResponse(DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens)).model_dump())
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(content=metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/debug/dispatch")
+    async def debug_dispatch() -> JSONResponse:
+        return JSONResponse(_dispatch_snapshot())
+
+    app.add_middleware(EdgeMiddleware, api_key=server_config.api_key)
+    return app
+
+
+def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+    """Build the engine, serve until SIGINT/SIGTERM, shut the engine down. Returns the exit status."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ladle.engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine.from_config(engine_config)
+    app = build_app(engine, server_config)
+    logger.info("serving %s on http://%s:%d", engine.model_name, server_config.host, server_config.port)
+    config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
+                            log_level=server_config.log_level, timeout_graceful_shutdown=5, lifespan="on")
+    uvicorn.Server(config).run()
+    return 0

@@ -1,0 +1,109 @@
+"""OpenAI error bodies and the mapping from exceptions to HTTP status codes.
+
+Body: {"error": {"message", "type", "param", "code"}} (OpenAI's shape; vLLM uses the same).
+FastAPI's 422 for request validation is replaced by 400 with this body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from http import HTTPStatus
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ladle.engine.client import EngineError, RequestRejected
+from ladle.server.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger("ladle.server")
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "RequestTooLarge",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class OpenAIError(Exception):
+    """An error with a status code, raised anywhere in a handler, rendered as an OpenAI error body."""
+
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None, err_type: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.err_type = err_type or _TYPES.get(status, HTTPStatus(status).phrase.replace(" ", "") + "Error")
+
+
+def error_body(message: str, status: int, param: Optional[str] = None, err_type: Optional[str] = None) -> dict:
+    err = OpenAIError(message, status, param, err_type)
+    return ErrorResponse(error=ErrorInfo(message=message, type=err.err_type, param=param, code=status)).model_dump()
+
+
+def error_response(message: str, status: int, param: Optional[str] = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param), status_code=status)
+
+
+def sse_error(message: str, status: int) -> str:
+    """An error event inside an SSE stream (after the 200 status is already sent)."""
+    return f"data: {json.dumps(error_body(message, status))}\n\n"
+
+
+def to_openai_error(exc: BaseException) -> OpenAIError:
+    """Map engine / validation exceptions to an OpenAIError (status + message)."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, RequestRejected):  # subclass of ValueError: check first
+        return OpenAIError(str(exc), 400)
+    if isinstance(exc, ValueError):  # SamplingParams validation
+        return OpenAIError(str(exc), 400)
+    if isinstance(exc, EngineError):
+        return OpenAIError(f"engine error: {exc}", 500)
+    return OpenAIError(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
+    parts, param = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if err.get("type") == "json_invalid":
+            parts.append(f"malformed JSON: {err.get('msg')}")
+            continue
+        where = ".".join(loc) or "body"
+        param = param or (loc[0] if loc else None)
+        parts.append(f"{where}: {err.get('msg')}")
+    return "; ".join(parts) or "invalid request", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(message, 400, param)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai(request: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(
+            ErrorResponse(error=ErrorInfo(message=exc.message, type=exc.err_type, param=exc.param,
+                                          code=exc.status)).model_dump(),
+            status_code=exc.status,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _other(request: Request, exc: Exception) -> JSONResponse:
+        err = to_openai_error(exc)
+        if err.status >= 500:
+            logger.exception("request failed", exc_info=exc)
+        return error_response(err.message, err.status)

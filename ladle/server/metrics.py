@@ -1,0 +1,142 @@
+"""/metrics in Prometheus text format, with vLLM's metric names for what ladle shares with vLLM.
+
+Gauges and counters are read from `EngineClient.get_stats()` at scrape time (a custom collector, so the
+engine keeps plain integers and nothing double-counts). Latency histograms are observed by the server per
+request (`RequestTimer`). Names and meanings: vllm/v1/metrics/loggers.py (PrometheusStatLogger):
+  vllm:num_requests_running / _waiting (gauges), vllm:kv_cache_usage_perc (gauge, 0..1),
+  vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:num_preemptions_total,
+  vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total (counters, tokens), vllm:request_success_total,
+  vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds, vllm:request_time_per_output_token_seconds,
+  vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds (histograms, seconds).
+ladle's own series use the `ladle:` prefix (ladle:num_free_blocks, ladle:num_total_blocks).
+Each registry is per app (tests build several apps in one process).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Optional
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ladle.engine.client import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket edges (seconds) as vLLM's PrometheusStatLogger uses them.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+
+class _EngineCollector:
+    """Yields gauge/counter families from one EngineStats snapshot per scrape."""
+
+    def __init__(self, get_stats: Callable[[], EngineStats], model_name: str):
+        self.get_stats = get_stats
+        self.model_name = model_name
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.get_stats()
+        labels, values = ["model_name", "engine"], [self.model_name, "0"]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels)  # exposed as <name>_total
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage)
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions_total)
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                      s.prefix_cache_queries_total)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      s.prefix_cache_hits_total)
+        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                      labels=labels + ["finished_reason"])
+        for reason, count in sorted((s.request_success_total or {}).items()):
+            success.add_metric(values + [str(reason)], count)
+        yield success
+        yield gauge("ladle:num_free_blocks", "KV blocks free for allocation (includes evictable cached blocks).",
+                    s.num_free_blocks)
+        yield gauge("ladle:num_total_blocks", "KV blocks in the pool (excluding the null block).", s.num_total_blocks)
+
+
+class ServerMetrics:
+    """The per-app registry: the engine collector plus request-latency histograms."""
+
+    def __init__(self, get_stats: Callable[[], EngineStats], model_name: str):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_EngineCollector(get_stats, model_name))  # type: ignore[arg-type]
+        labels = ["model_name", "engine"]
+        self._label_values = {"model_name": model_name, "engine": "0"}
+
+        def hist(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(**self._label_values)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                        ITL_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                        REQUEST_BUCKETS)
+        self.queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                          REQUEST_BUCKETS)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Latency bookkeeping for one request (all choices together). Times are time.monotonic() seconds."""
+
+    def __init__(self, metrics: Optional[ServerMetrics]):
+        self.metrics = metrics
+        self.arrival = time.monotonic()
+        self.first_token: Optional[float] = None
+        self.last_token: Optional[float] = None
+        self.num_tokens = 0
+        self.queue_time: Optional[float] = None
+
+    def on_tokens(self, num_new: int, queue_time: Optional[float] = None) -> None:
+        """Record that `num_new` tokens arrived now (ITL is spread evenly over a multi-token output)."""
+        if num_new <= 0:
+            return
+        now = time.monotonic()
+        if queue_time is not None and self.queue_time is None:
+            self.queue_time = queue_time
+        if self.metrics is not None:
+            if self.first_token is None:
+                self.metrics.ttft.observe(now - self.arrival)
+            elif self.last_token is not None:
+                gap = (now - self.last_token) / num_new
+                for _ in range(num_new):
+                    self.metrics.itl.observe(gap)
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        self.num_tokens += num_new
+
+    def finish(self) -> None:
+        if self.metrics is None:
+            return
+        now = time.monotonic()
+        self.metrics.e2e.observe(now - self.arrival)
+        if self.queue_time is not None:
+            self.metrics.queue.observe(self.queue_time)
+        if self.first_token is not None and self.num_tokens > 1:
+            self.metrics.tpot.observe((now - self.first_token) / (self.num_tokens - 1))

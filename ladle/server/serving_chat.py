@@ -1,0 +1,187 @@
+"""POST /v1/chat/completions: chat template, logprobs (OpenAI's chat format), streaming and not.
+
+Stream shape (OpenAI): per choice a first chunk with delta {"role": "assistant", "content": ""}, then content
+deltas, the last one carrying finish_reason; with stream_options.include_usage one more chunk with empty
+choices and the usage; then `data: [DONE]`.
+`max_tokens` / `max_completion_tokens` (the newer name wins); omitted = everything the context has left.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ladle.core.outputs import TokenLogprobs
+from ladle.engine.tokenizer import apply_chat_template
+from ladle.server.errors import OpenAIError, sse_error, to_openai_error
+from ladle.server.metrics import RequestTimer
+from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
+                                   ChatCompletionResponseChoice, ChatCompletionStreamChoice,
+                                   ChatCompletionStreamResponse, ChatLogprobToken, ChatResponseMessage, DeltaMessage,
+                                   TopLogprob, random_id)
+from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
+                                         clamp_logprob,
+                                         close_runs, collect_runs, include_usage, make_sampling_params, make_usage,
+                                         merge_runs, resolve_max_tokens, sse, start_runs)
+
+
+def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
+    """Messages as plain dicts for the template; list content keeps only its text parts (400 otherwise)."""
+    if not req.messages:
+        raise OpenAIError("messages must contain at least one message", 400, "messages")
+    out = []
+    for i, m in enumerate(req.messages):
+        d = m.model_dump(exclude_none=True)
+        if isinstance(m.content, list):
+            texts = []
+            for part in m.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise OpenAIError(f"not supported yet: content part of type {part.get('type')!r} "
+                                      f"(messages[{i}])", 400, "messages")
+                texts.append(part["text"])
+            d["content"] = "".join(texts)
+        elif m.content is None:
+            d["content"] = ""
+        out.append(d)
+    return out
+
+
+def _chat_logprobs(ctx: ServingContext, token_ids: list[int], entries: Optional[list[TokenLogprobs]],
+                   k: int) -> list[ChatLogprobToken]:
+    out = []
+    for i, tid in enumerate(token_ids):
+        entry = entries[i] if entries is not None and i < len(entries) else None
+        s = ctx.token_str(tid)
+        if not entry:
+            out.append(ChatLogprobToken(token=s, logprob=-9999.0, bytes=list(s.encode())))
+            continue
+        tops = [TopLogprob(token=ctx.token_str(a), logprob=clamp_logprob(lp), bytes=list(ctx.token_str(a).encode()))
+                for a, lp, _rank in entry[1:1 + k]]
+        out.append(ChatLogprobToken(token=s, logprob=clamp_logprob(entry[0][1]), bytes=list(s.encode()), top_logprobs=tops))
+    return out
+
+
+class ChatHandler:
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
+
+    def _build_run(self, req: ChatCompletionRequest) -> tuple[PromptRun, Optional[int]]:
+        ctx = self.ctx
+        ctx.check_model(req.model)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise OpenAIError("not supported yet: response_format other than text", 400, "response_format")
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.continue_final_message:
+            kwargs["continue_final_message"] = True
+        if req.tools:
+            kwargs["tools"] = req.tools
+        try:
+            prompt_ids = apply_chat_template(ctx.tokenizer, _message_dicts(req),
+                                             add_generation_prompt=req.add_generation_prompt
+                                             and not req.continue_final_message, **kwargs)
+        except OpenAIError:
+            raise
+        except Exception as e:  # template errors (missing roles, bad kwargs) are the client's
+            raise OpenAIError(f"could not apply the chat template: {e}", 400, "messages") from e
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = resolve_max_tokens(requested, len(prompt_ids), ctx.max_model_len, None)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        params = make_sampling_params(req, max(max_tokens, 1), top)
+        run = PromptRun(index=0, prompt_ids=prompt_ids, prompt_text="", params=params,
+                        timer=RequestTimer(ctx.metrics))
+        return run, (0 if max_tokens == 0 else None)
+
+    async def handle(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        run, zero = self._build_run(req)
+        runs = [run]
+        if zero is not None:  # max_tokens 0: nothing to generate
+            response = self._response(req, run, zero=True)
+            if req.stream:
+                return StreamingResponse(self._replay(req, response), media_type="text/event-stream")
+            return JSONResponse(response.model_dump())
+        if req.stream:
+            try:
+                await start_runs(self.ctx, raw, runs)
+            except BaseException:
+                await close_runs(self.ctx, runs)
+                raise
+            return StreamingResponse(self._stream(req, run), media_type="text/event-stream")
+        try:
+            await collect_runs(self.ctx, raw, runs)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return JSONResponse(self._response(req, run).model_dump())
+
+    # ------------------------------------------------------------------------------------ non-streaming
+    def _response(self, req: ChatCompletionRequest, run: PromptRun, zero: bool = False) -> ChatCompletionResponse:
+        choices = []
+        for i in range(req.n):
+            c = run.choices.get(i)
+            logprobs = ChatChoiceLogprobs(content=[]) if req.logprobs else None
+            if zero or c is None:
+                choices.append(ChatCompletionResponseChoice(index=i, message=ChatResponseMessage(content=""),
+                                                            logprobs=logprobs, finish_reason="length"))
+                continue
+            if req.logprobs:
+                logprobs = ChatChoiceLogprobs(content=_chat_logprobs(self.ctx, c.token_ids, c.logprobs,
+                                                                     req.top_logprobs or 0))
+            choices.append(ChatCompletionResponseChoice(
+                index=i, message=ChatResponseMessage(content=c.text), logprobs=logprobs,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason if isinstance(c.stop_reason, (int, str)) else None))
+        usage = make_usage([run])
+        return ChatCompletionResponse(id=random_id("chatcmpl"), model=self.ctx.model_name, choices=choices,
+                                      usage=usage)
+
+    async def _replay(self, req: ChatCompletionRequest, response: ChatCompletionResponse) -> AsyncIterator[str]:
+        for ch in response.choices:
+            for delta, finish in ((DeltaMessage(role="assistant", content=""), None),
+                                  (DeltaMessage(content=ch.message.content or ""), ch.finish_reason)):
+                chunk = ChatCompletionStreamResponse(id=response.id, model=response.model, choices=[
+                    ChatCompletionStreamChoice(index=ch.index, delta=delta, finish_reason=finish)])
+                yield sse(chunk_dict(chunk))
+        if include_usage(req):
+            yield sse(chunk_dict(ChatCompletionStreamResponse(id=response.id, model=response.model, choices=[],
+                                                              usage=response.usage)))
+        yield SSE_DONE
+
+    # ------------------------------------------------------------------------------------ streaming
+    async def _stream(self, req: ChatCompletionRequest, run: PromptRun) -> AsyncIterator[str]:
+        ctx, rid = self.ctx, random_id("chatcmpl")
+
+        def chunk(choice: ChatCompletionStreamChoice) -> str:
+            return sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[choice])))
+
+        try:
+            for i in range(req.n):
+                yield chunk(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+            async for _run, out in merge_runs([run]):
+                for c in out.outputs:
+                    if c.finish_reason == "error":
+                        yield sse_error(f"the engine failed this request: {c.error or 'unknown error'}", 500)
+                        yield SSE_DONE
+                        return
+                    logprobs = None
+                    if req.logprobs:
+                        logprobs = ChatChoiceLogprobs(content=_chat_logprobs(ctx, c.token_ids_delta, c.logprobs_delta,
+                                                                             req.top_logprobs or 0))
+                    if not c.text_delta and not c.finish_reason and not (logprobs and logprobs.content):
+                        continue
+                    yield chunk(ChatCompletionStreamChoice(
+                        index=c.index, delta=DeltaMessage(content=c.text_delta), logprobs=logprobs,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason if isinstance(c.stop_reason, (int, str)) else None))
+            if include_usage(req):
+                yield sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
+                                                                  usage=make_usage([run]))))
+            yield SSE_DONE
+        except Exception as e:
+            err = to_openai_error(e)
+            yield sse_error(err.message, err.status)
+            yield SSE_DONE
+        finally:
+            await close_runs(ctx, [run])

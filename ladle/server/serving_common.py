@@ -1,0 +1,308 @@
+"""What both endpoints share: model check, length check, SamplingParams, running requests against the engine
+with disconnect handling, usage, and the SSE framing.
+
+Request lifetime (one `PromptRun` per prompt; the engine handles `n` inside one request):
+    runs = [PromptRun(...)]             internal ids `cmpl-<uuid>`, never the client's X-Request-Id
+    await start_runs(ctx, raw, runs)     first output of every run, raced against client disconnect, so a
+                                         RequestRejected becomes a 400 before any SSE byte is written
+    merge_runs(ctx, runs)                the rest, as (run, RequestOutput) pairs, in arrival order
+    close_runs(ctx, runs)                always (finally): close the engine iterators, abort what is unfinished
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import anyio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
+
+from fastapi import Request
+
+from ladle.core.sampling_params import SamplingParams
+from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
+from ladle.server.errors import OpenAIError, to_openai_error
+from ladle.server.metrics import RequestTimer, ServerMetrics
+from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
+
+T = TypeVar("T")
+DISCONNECT_POLL_S = 0.05
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away while we waited for the engine."""
+
+
+class ServingContext:
+    """What the handlers need: the engine, names, metrics, and a token-string cache for logprobs."""
+
+    def __init__(self, engine: EngineClient, metrics: Optional[ServerMetrics] = None,
+                 extra_model_names: tuple[str, ...] = ()):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = engine.model_name
+        self.max_model_len = int(engine.max_model_len)
+        self.metrics = metrics
+        self.accepted_names = {self.model_name, *[n for n in extra_model_names if n]}
+        self._token_strs: dict[int, str] = {}
+
+    def check_model(self, requested: Optional[str]) -> None:
+        if requested is not None and requested not in self.accepted_names:
+            raise OpenAIError(f"The model `{requested}` does not exist.", 404, "model", "NotFoundError")
+
+    def token_str(self, token_id: int) -> str:
+        """The text of one token as logprobs report it (decoded alone; a partial UTF-8 byte shows as U+FFFD)."""
+        s = self._token_strs.get(token_id)
+        if s is None:
+            s = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_strs[token_id] = s
+        return s
+
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+
+def resolve_max_tokens(requested: Optional[int], num_prompt_tokens: int, max_model_len: int,
+                       default: Optional[int]) -> int:
+    """The number of new tokens to ask for, or a 400 that states the limit and the counts.
+
+    requested None: `default` clipped to what is left (None = everything left), as vLLM does.
+    """
+    if num_prompt_tokens == 0:
+        raise OpenAIError("The prompt is empty (0 tokens); send at least one token.", 400, "prompt")
+    left = max_model_len - num_prompt_tokens
+    if requested is None:
+        if left <= 0:
+            raise OpenAIError(
+                f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
+                f"{num_prompt_tokens} tokens, which leaves no room for the completion. Please reduce the length "
+                f"of the prompt.", 400, "messages")
+        return left if default is None else min(default, left)
+    if requested < 0:
+        raise OpenAIError(f"max_tokens must be non-negative, got {requested}", 400, "max_tokens")
+    if num_prompt_tokens + requested > max_model_len:
+        raise OpenAIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the prompt, {requested} in the "
+            f"completion). Please reduce the length of the prompt or the completion.", 400, "max_tokens")
+    return requested
+
+
+def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
+                         prompt_logprobs: Optional[int] = None) -> SamplingParams:
+    """SamplingParams from the request's OpenAI/vLLM fields; ValueError becomes a 400."""
+    if req.logit_bias:
+        raise OpenAIError("not supported yet: logit_bias", 400, "logit_bias")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k is None else req.top_k,
+            min_p=0.0 if req.min_p is None else req.min_p,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=min(req.min_tokens, max_tokens),
+            stop=tuple(stop),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+        )
+    except ValueError as e:
+        raise OpenAIError(str(e), 400) from e
+
+
+@dataclass
+class PromptRun:
+    """One prompt's engine request and its accumulated state (choices are cumulative CompletionOutputs)."""
+
+    index: int
+    prompt_ids: list[int]
+    prompt_text: str
+    params: SamplingParams
+    timer: RequestTimer
+    request_id: str = field(default_factory=lambda: random_id("cmpl"))
+    agen: Optional[AsyncIterator[RequestOutput]] = None
+    first: Optional[RequestOutput] = None
+    choices: dict[int, CompletionOutput] = field(default_factory=dict)
+    prompt_logprobs: Optional[list] = None
+    num_cached_tokens: int = 0
+    finished: bool = False
+
+    def absorb(self, out: RequestOutput) -> None:
+        """Fold one RequestOutput in (latest cumulative state per choice; timers)."""
+        num_new = 0
+        for c in out.outputs:
+            self.choices[c.index] = c
+            num_new += len(c.token_ids_delta)
+        if out.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = out.prompt_logprobs
+        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        self.timer.on_tokens(num_new, out.queue_time)
+        if out.finished:
+            self.finished = True
+            self.timer.finish()
+
+
+async def _until_disconnected(raw: Request) -> None:
+    while not await raw.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def race_disconnect(raw: Optional[Request], aw: Awaitable[T]) -> T:
+    """Await `aw`; if the client disconnects first, cancel it and raise ClientDisconnected."""
+    task = asyncio.ensure_future(aw)
+    if raw is None:
+        return await task
+    watcher = asyncio.ensure_future(_until_disconnected(raw))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise ClientDisconnected()
+
+
+async def start_runs(ctx: ServingContext, raw: Optional[Request], runs: list[PromptRun]) -> None:
+    """Submit every run and wait for its first output (raises OpenAIError / ClientDisconnected)."""
+    if not ctx.engine.is_healthy():
+        raise OpenAIError("the engine is not running", 503)
+    for run in runs:
+        run.agen = ctx.engine.generate(run.prompt_ids, run.params, request_id=run.request_id)
+
+    async def first(run: PromptRun) -> None:
+        try:
+            run.first = await run.agen.__anext__()  # type: ignore[union-attr]
+        except StopAsyncIteration:
+            raise OpenAIError("the engine ended the request without output", 500) from None
+        except Exception as e:  # RequestRejected, EngineError, ValueError
+            raise to_openai_error(e) from e
+
+    await race_disconnect(raw, asyncio.gather(*(first(r) for r in runs)))
+
+
+async def merge_runs(runs: list[PromptRun]) -> AsyncIterator[tuple[PromptRun, RequestOutput]]:
+    """Yield (run, output) from every run until all finish; the first outputs come first."""
+    for run in runs:
+        assert run.first is not None
+        run.absorb(run.first)
+        yield run, run.first
+    pending = [r for r in runs if not r.finished]
+    if len(pending) == 1:  # the common case: no tasks needed
+        run = pending[0]
+        async for out in run.agen:  # type: ignore[union-attr]
+            run.absorb(out)
+            yield run, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(run: PromptRun) -> None:
+        try:
+            async for out in run.agen:  # type: ignore[union-attr]
+                await queue.put((run, out, None))
+        except Exception as e:  # forwarded to the consumer
+            await queue.put((run, None, e))
+        finally:
+            await queue.put((run, None, None))
+
+    tasks = [asyncio.ensure_future(pump(r)) for r in pending]
+    try:
+        live = len(tasks)
+        while live:
+            run, out, err = await queue.get()
+            if err is not None:
+                raise err
+            if out is None:
+                live -= 1
+                continue
+            run.absorb(out)
+            yield run, out
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+
+async def close_runs(ctx: ServingContext, runs: list[PromptRun]) -> None:
+    """Close the engine iterators and abort every unfinished run (idempotent, never raises).
+
+    Shielded: it runs in `finally` blocks of cancelled tasks (client disconnect), where anyio would otherwise
+    cancel every await again.
+    """
+    with anyio.CancelScope(shield=True):
+        for run in runs:
+            if run.agen is not None:
+                with contextlib.suppress(BaseException):
+                    await run.agen.aclose()  # type: ignore[attr-defined]
+            if not run.finished:
+                with contextlib.suppress(BaseException):
+                    await ctx.engine.abort(run.request_id)
+
+
+async def collect_runs(ctx: ServingContext, raw: Optional[Request], runs: list[PromptRun]) -> None:
+    """Non-streaming: run to completion, aborting if the client disconnects."""
+
+    async def drain() -> None:
+        async for _run, out in merge_runs(runs):
+            for c in out.outputs:
+                if c.finish_reason == "error":
+                    raise OpenAIError(f"the engine failed this request: {c.error or 'unknown error'}", 500)
+
+    try:
+        await start_runs(ctx, raw, runs)
+        await race_disconnect(raw, drain())
+    finally:
+        await close_runs(ctx, runs)
+
+
+def make_usage(runs: list[PromptRun]) -> UsageInfo:
+    prompt = sum(len(r.prompt_ids) for r in runs)
+    completion = sum(len(c.token_ids) for r in runs for c in r.choices.values())
+    cached = sum(r.num_cached_tokens for r in runs)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def clamp_logprob(value: float) -> float:
+    """-inf (and NaN) are not JSON; report them as -9999.0, as vLLM does."""
+    return value if value == value and value > -9999.0 else -9999.0
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def chunk_dict(chunk: Any) -> dict:
+    """A stream chunk as a dict: `usage` only when set; chat deltas without their None fields."""
+    d = chunk.model_dump()
+    if d.get("usage") is None:
+        d.pop("usage", None)
+    for ch in d.get("choices", []):
+        if isinstance(ch.get("delta"), dict):
+            ch["delta"] = {k: v for k, v in ch["delta"].items() if v is not None}
+    return d
+
+
+def include_usage(req: Any) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)

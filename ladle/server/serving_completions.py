@@ -1,0 +1,194 @@
+"""POST /v1/completions: prompt forms, echo, logprobs (OpenAI's legacy format), streaming and not.
+
+Choice index = prompt_index * n + choice_index (OpenAI/vLLM order for a batch of prompts).
+`max_tokens: 0` returns the prompt (echo) or nothing, with finish_reason "length"; with echo + logprobs it
+still returns the prompt logprobs (lm-eval's scoring pattern): the engine runs one token that is discarded.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Optional, Union
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ladle.core.outputs import TokenLogprobs
+from ladle.server.errors import OpenAIError, sse_error, to_openai_error
+from ladle.server.metrics import RequestTimer
+from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, CompletionResponse,
+                                   CompletionResponseChoice, CompletionStreamChoice, CompletionStreamResponse,
+                                   random_id)
+from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
+                                         clamp_logprob,
+                                         close_runs, collect_runs, include_usage, make_sampling_params, make_usage,
+                                         merge_runs, resolve_max_tokens, sse, start_runs)
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+
+
+def _prompts(ctx: ServingContext, prompt: Union[str, list]) -> list[tuple[list[int], str]]:
+    """Normalise the four prompt forms to (token ids, text) pairs; 400 on empty or out-of-vocabulary ids."""
+    if isinstance(prompt, str):
+        items: list = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        items = [list(prompt)]
+    else:
+        items = list(prompt)
+    if not items:
+        raise OpenAIError("The prompt is empty; send at least one prompt.", 400, "prompt")
+    vocab = ctx.vocab_size()
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append((list(ctx.tokenizer.encode(item)), item))
+        else:
+            bad = [t for t in item if not 0 <= t < vocab]
+            if bad:
+                raise OpenAIError(f"token id {bad[0]} is out of range [0, {vocab})", 400, "prompt")
+            out.append((list(item), ctx.tokenizer.decode(item)))
+    return out
+
+
+def _append_logprobs(ctx: ServingContext, lp: CompletionLogprobs, token_ids: list[int],
+                     entries: Optional[list[Optional[TokenLogprobs]]], k: int, offset: int) -> int:
+    """Append tokens to `lp` (legacy format); returns the text offset after them."""
+    for i, tid in enumerate(token_ids):
+        entry = entries[i] if entries is not None and i < len(entries) else None
+        s = ctx.token_str(tid)
+        lp.tokens.append(s)
+        lp.text_offset.append(offset)
+        offset += len(s)
+        if not entry:
+            lp.token_logprobs.append(None)
+            lp.top_logprobs.append(None)
+            continue
+        lp.token_logprobs.append(clamp_logprob(entry[0][1]))
+        top = {ctx.token_str(alt): clamp_logprob(alt_lp) for alt, alt_lp, _rank in entry[1:1 + k]}
+        top.setdefault(s, clamp_logprob(entry[0][1]))  # the chosen token is always listed (as vLLM does)
+        lp.top_logprobs.append(top)
+    return offset
+
+
+class CompletionHandler:
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
+
+    def _build_runs(self, req: CompletionRequest) -> tuple[list[PromptRun], bool]:
+        ctx = self.ctx
+        ctx.check_model(req.model)
+        if req.suffix:
+            raise OpenAIError("not supported yet: suffix", 400, "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise OpenAIError("not supported yet: best_of different from n", 400, "best_of")
+        zero = req.max_tokens == 0
+        runs = []
+        for i, (ids, text) in enumerate(_prompts(ctx, req.prompt)):
+            max_tokens = resolve_max_tokens(req.max_tokens, len(ids), ctx.max_model_len, DEFAULT_MAX_TOKENS)
+            prompt_lp = req.logprobs if (req.echo and req.logprobs is not None) else None
+            params = make_sampling_params(req, max(max_tokens, 1) if zero else max_tokens, req.logprobs, prompt_lp)
+            runs.append(PromptRun(index=i, prompt_ids=ids, prompt_text=text, params=params,
+                                  timer=RequestTimer(ctx.metrics)))
+        return runs, zero
+
+    async def handle(self, req: CompletionRequest, raw: Request) -> Response:
+        runs, zero = self._build_runs(req)
+        needs_engine = not zero or (req.echo and req.logprobs is not None)
+        if req.stream and not zero:
+            try:
+                await start_runs(self.ctx, raw, runs)
+            except BaseException:
+                await close_runs(self.ctx, runs)
+                raise
+            return StreamingResponse(self._stream(req, runs), media_type="text/event-stream")
+        try:
+            if needs_engine:
+                await collect_runs(self.ctx, raw, runs)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        response = self._response(req, runs, zero)
+        if req.stream:  # max_tokens 0: the whole answer in one chunk per choice
+            return StreamingResponse(self._replay(req, response), media_type="text/event-stream")
+        return JSONResponse(response.model_dump())
+
+    # ------------------------------------------------------------------------------------ non-streaming
+    def _choice(self, req: CompletionRequest, run: PromptRun, index: int, zero: bool) -> CompletionResponseChoice:
+        c = run.choices.get(index)
+        text = run.prompt_text if req.echo else ""
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = CompletionLogprobs()
+            offset = 0
+            if req.echo:
+                offset = _append_logprobs(self.ctx, logprobs, run.prompt_ids, run.prompt_logprobs, req.logprobs, 0)
+            if c is not None and not zero:
+                _append_logprobs(self.ctx, logprobs, c.token_ids, c.logprobs, req.logprobs, offset)
+        if zero or c is None:
+            return CompletionResponseChoice(index=run.index * req.n + index, text=text, logprobs=logprobs,
+                                            finish_reason="length")
+        return CompletionResponseChoice(index=run.index * req.n + index, text=text + c.text, logprobs=logprobs,
+                                        finish_reason=c.finish_reason, stop_reason=_stop_reason(c.stop_reason))
+
+    def _response(self, req: CompletionRequest, runs: list[PromptRun], zero: bool) -> CompletionResponse:
+        choices = [self._choice(req, run, i, zero) for run in runs for i in range(req.n)]
+        usage = make_usage(runs)
+        if zero:
+            usage.total_tokens -= usage.completion_tokens
+            usage.completion_tokens = 0
+        return CompletionResponse(id=random_id("cmpl"), model=self.ctx.model_name, choices=choices, usage=usage)
+
+    async def _replay(self, req: CompletionRequest, response: CompletionResponse) -> AsyncIterator[str]:
+        for ch in response.choices:
+            chunk = CompletionStreamResponse(id=response.id, created=response.created, model=response.model,
+                                             choices=[CompletionStreamChoice(**ch.model_dump(exclude={"prompt_logprobs"}))])
+            yield sse(chunk_dict(chunk))
+        if include_usage(req):
+            yield sse(chunk_dict(CompletionStreamResponse(id=response.id, model=response.model, choices=[],
+                                                          usage=response.usage)))
+        yield SSE_DONE
+
+    # ------------------------------------------------------------------------------------ streaming
+    async def _stream(self, req: CompletionRequest, runs: list[PromptRun]) -> AsyncIterator[str]:
+        ctx, rid = self.ctx, random_id("cmpl")
+        offsets: dict[int, int] = {}  # choice index -> text offset (logprobs)
+        try:
+            async for run, out in merge_runs(runs):
+                for c in out.outputs:
+                    if c.finish_reason == "error":
+                        yield sse_error(f"the engine failed this request: {c.error or 'unknown error'}", 500)
+                        yield SSE_DONE
+                        return
+                    index = run.index * req.n + c.index
+                    text, logprobs = c.text_delta, None
+                    first = index not in offsets
+                    if req.logprobs is not None:
+                        logprobs = CompletionLogprobs()
+                        offset = offsets.get(index, 0)
+                        if first and req.echo:
+                            offset = _append_logprobs(ctx, logprobs, run.prompt_ids, run.prompt_logprobs,
+                                                      req.logprobs, offset)
+                        offsets[index] = _append_logprobs(ctx, logprobs, c.token_ids_delta, c.logprobs_delta,
+                                                          req.logprobs, offset)
+                    else:
+                        offsets[index] = 0
+                    if first and req.echo:
+                        text = run.prompt_text + text
+                    if not text and not c.finish_reason and not (logprobs and logprobs.tokens):
+                        continue
+                    choice = CompletionStreamChoice(index=index, text=text, logprobs=logprobs,
+                                                    finish_reason=c.finish_reason,
+                                                    stop_reason=_stop_reason(c.stop_reason))
+                    yield sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[choice])))
+            if include_usage(req):
+                yield sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
+                                                              usage=make_usage(runs))))
+            yield SSE_DONE
+        except Exception as e:  # after the 200 went out: an error event, then the end of the stream
+            err = to_openai_error(e)
+            yield sse_error(err.message, err.status)
+            yield SSE_DONE
+        finally:
+            await close_runs(ctx, runs)
+
+
+def _stop_reason(value: object) -> Optional[Union[int, str]]:
+    return value if isinstance(value, (int, str)) else None

