@@ -95,6 +95,8 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         args.ignore_eos = True  # vLLM forces it for random; AgentX replays recorded output counts
     if args.max_concurrency is not None and args.max_concurrency <= 0:
         raise ValueError("--max-concurrency must be greater than 0")
+    if args.dataset_name == "agentic" and args.backend == "openai-chat":
+        raise ValueError("agentic replay sends token-id prompts: use --backend openai or vllm (/v1/completions)")
     if args.burstiness <= 0:
         raise ValueError("--burstiness must be positive")
     if args.num_prompts <= 0:

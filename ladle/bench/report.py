@@ -94,10 +94,11 @@ def _interactivity(outputs: list[RequestOutput], output_lens: list[int], pcts: l
     tpots = [(o.latency - o.ttft) / (n - 1) * 1000 for o, n in zip(outputs, output_lens) if o.success and n > 1]
     if not tpots:
         return {}
-    out = {"median": 1000 / float(np.median(tpots))}
+    med = float(np.median(tpots))
+    out = {"median": 1000 / med if med > 0 else None}
     for p in pcts:
         v = float(np.percentile(tpots, p))
-        out[f"p{int(p) if int(p) == p else p}"] = 1000 / v if v > 0 else math.inf
+        out[f"p{int(p) if int(p) == p else p}"] = 1000 / v if v > 0 else None
     return out
 
 

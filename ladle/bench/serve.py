@@ -57,8 +57,10 @@ def extra_body(args: argparse.Namespace) -> dict[str, Any]:
 class Runner:
     """Holds the session and the request template for one run."""
 
-    def __init__(self, args: argparse.Namespace, session: aiohttp.ClientSession, api_url: str, model: str) -> None:
-        self.args, self.session, self.api_url, self.model = args, session, api_url, model
+    def __init__(self, args: argparse.Namespace, session: aiohttp.ClientSession, base_url: str, api_url: str,
+                 model: str) -> None:
+        self.args, self.session, self.base_url, self.api_url, self.model = args, session, base_url, api_url, model
+        self.metrics_before: dict | None = None  # /metrics scraped after warm-up, just before the timed run
         self.body = extra_body(args) or None
         self.headers = dict(h.split("=", 1) for h in (args.header or []) if "=" in h) or None
 
@@ -116,6 +118,7 @@ class Runner:
             return out
 
         offsets = arrival_offsets(len(inputs), a.request_rate, a.burstiness, a.seed)
+        self.metrics_before = await server_info.get_metrics(self.session, self.base_url)
         t0 = time.perf_counter()
         tasks = []
         for inp, off in zip(inputs, offsets):
@@ -145,6 +148,7 @@ async def _run_agentic(runner: Runner, wl: Workload) -> tuple[list[RequestOutput
         bar.update(1)
         return out
 
+    runner.metrics_before = await server_info.get_metrics(runner.session, runner.base_url)
     t0 = time.perf_counter()
     pairs = await replay(wl.sessions, send, a.max_concurrency, a.agentic_think_time_scale)
     dur = time.perf_counter() - t0
@@ -168,10 +172,10 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
         else:
             model_id, model_name = args.model, args.served_model_name or args.model
         version = await server_info.get_json(session, f"{base_url}/version")
-        metrics_before = await server_info.get_metrics(session, base_url)
+        metrics_start = await server_info.get_metrics(session, base_url)
         wl = await asyncio.to_thread(build_workload, args, base_url, model_name, version)
-        wl.info["server_block_size"] = server_info.block_size_from(version, metrics_before)
-        runner = Runner(args, session, api_url, model_name)
+        wl.info["server_block_size"] = server_info.block_size_from(version, metrics_start)
+        runner = Runner(args, session, base_url, api_url, model_name)
         agentic_stats = None
         if args.dataset_name == "agentic":
             outputs, dur, agentic_stats = await _run_agentic(runner, wl)
@@ -188,7 +192,7 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
     if wl.tokenizer is not None and any(o.success and not o.output_tokens for o in outputs):
         count = lambda text: len(wl.tokenizer.encode(text))  # noqa: E731
     server = {"base_url": base_url, "version": version, "block_size": wl.info.get("server_block_size"),
-              "metrics_delta": server_info.metrics_delta(metrics_before, metrics_after)}
+              "metrics_delta": server_info.metrics_delta(runner.metrics_before, metrics_after)}
     if agentic_stats is not None:
         delta = server["metrics_delta"] or {}
         q, h = delta.get("vllm:prefix_cache_queries"), delta.get("vllm:prefix_cache_hits")

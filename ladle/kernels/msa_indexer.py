@@ -234,14 +234,16 @@ def msa_indexer_ref(
     qsl = query_start_loc.tolist()
     pos_all = positions.tolist()
     q64 = index_q.detach().double().cpu()
+    kc = index_k_cache.detach().cpu()
+    bt = block_table.cpu()
     for r in range(len(qsl) - 1):
         for t in range(qsl[r], qsl[r + 1]):
             p = pos_all[t]
             if p < 0:
                 continue
             n_vis = p // bs + 1
-            pages = block_table[r, :n_vis].long().cpu()
-            keys = index_k_cache.detach().cpu()[pages].double().reshape(n_vis * bs, D)[: p + 1]  # [p+1, D]
+            pages = bt[r, :n_vis].long()
+            keys = kc[pages].double().reshape(n_vis * bs, D)[: p + 1]  # [p+1, D]
             s = q64[t] @ keys.T  # [H, p+1]
             pad = torch.full((H, n_vis * bs - (p + 1)), float("-inf"), dtype=torch.float64)
             blk = torch.cat([s, pad], dim=1).reshape(H, n_vis, bs).amax(dim=2)  # [H, n_vis]

@@ -86,11 +86,20 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim
         self.max_position = max_position
         self.is_neox_style = is_neox_style
-        inv_freq = compute_inv_freq(rotary_dim, base, scaling)
-        positions = torch.arange(max_position, dtype=torch.int64).to(torch.float32)
+        self.base = base
+        self.scaling = dict(scaling) if scaling else None
+        self.register_buffer("cos_sin_cache", self._compute_cache(None), persistent=False)
+
+    def _compute_cache(self, device: "torch.device | None") -> torch.Tensor:
+        """[max_position, rotary_dim] float32: cat(cos, sin) of position * inv_freq."""
+        inv_freq = compute_inv_freq(self.rotary_dim, self.base, self.scaling).to(device)
+        positions = torch.arange(self.max_position, dtype=torch.int64, device=device).to(torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [max_position, rotary_dim // 2] float32
-        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+    def reset_cache(self, device: "torch.device | str") -> None:
+        """Recompute the cache on `device` (after building the module on the meta device)."""
+        self.cos_sin_cache = self._compute_cache(torch.device(device))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, H, head_dim]; cos/sin [T, 1, rotary_dim // 2] in x's dtype."""

@@ -175,8 +175,8 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The `CausalLM` protocol (ladle/models/interface.py) for Llama-family configs.
 
-    ctor(hf_config dict, dtype, device): parameters are allocated on `device` in `dtype` (weights
-    uninitialised in meaning until `load_weights` or `init_dummy_weights`); the RoPE cache stays float32.
+    ctor(hf_config dict, dtype, device): parameters are allocated on `device` in `dtype`, uninitialised (norms 1)
+    until `load_weights` or `init_dummy_weights`; the RoPE cache is float32.
     """
 
     def __init__(self, hf_config: dict, dtype: torch.dtype = torch.float32,
@@ -185,9 +185,16 @@ class LlamaForCausalLM(nn.Module):
         self.hf_config = dict(hf_config)
         self.args = LlamaArgs.from_hf(hf_config)
         self.dtype = dtype
-        with torch.device(device):
+        # Built on the meta device and materialised uninitialised: no random init of weights that loading (or
+        # init_dummy_weights) overwrites anyway. Then the RoPE cache is computed and norms set to 1.
+        with torch.device("meta"):
             self.model = LlamaModel(self.args, dtype)
             self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False, dtype=dtype)
+        self.to_empty(device=device)
+        self.model.rotary_emb.reset_cache(device)
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -59,7 +59,7 @@ class PagedDriver:
         bs, dev = self.block_size, self.model.device
         qsl, seq_lens, ctx_lens, slots, positions, ids, tables = [0], [], [], [], [], [], []
         for seq_id, new in chunks:
-            s = self.seqs[seq_id]
+            s = self.seqs.setdefault(seq_id, _Seq())
             assert s.num_computed == len(s.tokens), "feed every token exactly once, in order"
             start = s.num_computed
             s.tokens.extend(new)
@@ -121,3 +121,24 @@ class PagedDriver:
             for sid, t in zip(prompts, logits.argmax(-1).tolist()):
                 out[sid].append(t)
         return out
+
+
+def load_m3_dir(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Build a MiniMaxM3ForCausalLM from a checkpoint directory (config.json + *.safetensors), without the
+    engine's loader. Raises ValueError if a parameter is left unwritten."""
+    import glob
+    import json
+    import os
+
+    from safetensors.torch import load_file
+
+    from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
+
+    with open(os.path.join(path, "config.json")) as f:
+        model = MiniMaxM3ForCausalLM(json.load(f), dtype, device)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    loaded = model.load_weights(kv for fn in files for kv in load_file(fn).items())
+    missing = {n for n, _ in model.named_parameters()} - loaded
+    if missing:
+        raise ValueError(f"{path}: parameters not written by the checkpoint: {sorted(missing)[:5]}")
+    return model

@@ -170,7 +170,14 @@ class FakeServer:
     def stop(self) -> None:
         if self._loop is None:
             return
-        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        async def shutdown() -> None:
+            await self._runner.cleanup()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        fut = asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
         try:
             fut.result(5)
         except Exception:
@@ -183,15 +190,21 @@ class FakeServer:
         return f"http://127.0.0.1:{self.port}"
 
 
-if __name__ == "__main__":  # run standalone (for the AIPerf cross-check): python tests/bench/fake_server.py PORT
-    import sys
+if __name__ == "__main__":  # standalone, for the AIPerf cross-check: prints its base URL, runs until killed
+    import argparse
 
-    srv = FakeServer()
-    srv.start(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    ap = argparse.ArgumentParser(description="paced fake OpenAI server")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--ttft", type=float, default=0.005, help="seconds to the first chunk")
+    ap.add_argument("--gap", type=float, default=0.001, help="seconds between chunks")
+    ap.add_argument("--chunk", type=int, default=16, help="tokens per chunk")
+    ap.add_argument("--vocab-size", type=int, default=1000)
+    a = ap.parse_args()
+    srv = FakeServer(vocab_size=a.vocab_size, default_ttft=a.ttft, default_gap=a.gap, default_chunk=a.chunk)
+    srv.start(a.port)
     print(srv.base_url, flush=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         srv.stop()
-        sys.exit(0)

@@ -64,7 +64,7 @@ def smollm2_bundle(**kw) -> EngineBundle:
     """The real SmolLM2 GGUF through ladle's own loading path (build_engine)."""
     from ladle.engine.engine_factory import build_engine, engine_config_from_kwargs
 
-    kw.setdefault("kv_cache_memory_bytes", 64 << 20)
-    kw.setdefault("max_model_len", 2048)
+    kw.setdefault("kv_cache_memory_bytes", 96 << 20)
+    kw.setdefault("max_model_len", 1024)
     kw.setdefault("device", "cpu")
     return build_engine(engine_config_from_kwargs(smollm2_gguf(), **kw))

@@ -71,9 +71,9 @@ def test_ineligible_falls_back_visibly():
     dispatch.reset()
     out = paged_attention(b.q, b.key_cache, b.value_cache, b.md, 0.5)
     entry = dispatch.snapshot()["ops"]["attn_prefill"]
-    assert entry["buckets"]["T<=4"] == {"configured": 1, "eligible": 0, "executed": 0, "calls": 1}
+    assert entry["buckets"]["T<=2"] == {"configured": 1, "eligible": 0, "executed": 0, "calls": 1}
     assert any("dtype" in r for r in entry["fallback_reasons"])
-    assert rel_err(out, oracle(b, 0.5)) < 1e-10
+    assert rel_err(out, oracle(b, 0.5)) < 1e-6  # the reference computes in float32
 
 
 @pytest.mark.gpu

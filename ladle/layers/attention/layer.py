@@ -5,8 +5,9 @@ Backends (chosen by `ForwardContext.attn_backend`, which the runner sets from th
   "triton" — `ladle.kernels.paged_attention.paged_attention(q, key_cache, value_cache, attn_metadata, scale)`
              with the same arguments/returns as `paged_attention_ref`, and, if present,
              `ladle.kernels.kv_store.store_kv(key, value, key_cache, value_cache, slot_mapping)` with the same
-             contract as `store_kv_ref`. Both imports are optional: when a module is missing the torch
-             reference runs and the dispatch record (if `ladle.observe.dispatch` exists) shows it.
+             contract as `store_kv_ref`. Both entry points check eligibility and record their dispatch
+             decisions themselves; the imports are optional (Triton may be absent): when a module is missing
+             the torch reference runs and `ladle.observe.dispatch` records the fallback.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from ladle.layers.attention.metadata import get_forward_context
 from ladle.layers.attention.paged_ref import paged_attention_ref, store_kv_ref
+from ladle.observe import dispatch
 
 _OPTIONAL_CACHE: dict[str, Any] = {}
 
@@ -32,13 +34,6 @@ def _optional_attr(module: str, name: str) -> Optional[Callable]:
         except ImportError:
             _OPTIONAL_CACHE[key] = None
     return _OPTIONAL_CACHE[key]
-
-
-def _record(op: str, bucket: str, configured: bool, eligible: bool, executed: bool) -> None:
-    """Report one dispatch decision to `ladle.observe.dispatch.record` when that module provides it."""
-    record = _optional_attr("ladle.observe.dispatch", "record")
-    if record is not None:
-        record(op, bucket, configured=configured, eligible=eligible, executed=executed)
 
 
 class Attention(nn.Module):
@@ -71,18 +66,24 @@ class Attention(nn.Module):
 
         store, attend = store_kv_ref, paged_attention_ref
         if ctx.attn_backend == "triton":
-            store, attend = self._triton_ops("decode" if md.is_decode_only else "prefill")
+            store, attend = self._triton_ops(num_tokens, md.is_decode_only)
         store(k, v, cache.key_cache, cache.value_cache, md.slot_mapping)
         out = attend(q, cache.key_cache, cache.value_cache, md, self.scale)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 
     @staticmethod
-    def _triton_ops(bucket: str) -> tuple[Callable, Callable]:
-        """The Triton store/attention ops where importable (else the references), recording each choice."""
+    def _triton_ops(num_tokens: int, decode: bool) -> tuple[Callable, Callable]:
+        """The Triton store/attention entry points where importable, else the references. The kernel entry
+        points record their own dispatch decisions; a missing module is recorded here as a fallback."""
         store = _optional_attr("ladle.kernels.kv_store", "store_kv")
         attend = _optional_attr("ladle.kernels.paged_attention", "paged_attention")
-        _record("kv_store", bucket, configured=True, eligible=store is not None, executed=store is not None)
-        _record("paged_attention", bucket, configured=True, eligible=attend is not None, executed=attend is not None)
+        bucket = dispatch.tokens_bucket(num_tokens)
+        if store is None:
+            dispatch.record("kv_store", bucket, configured=True, eligible=False, executed=False,
+                            reason="ladle.kernels.kv_store not importable")
+        if attend is None:
+            dispatch.record("attn_decode" if decode else "attn_prefill", bucket, configured=True, eligible=False,
+                            executed=False, reason="ladle.kernels.paged_attention not importable")
         return store or store_kv_ref, attend or paged_attention_ref
 
     def extra_repr(self) -> str:

@@ -1,0 +1,298 @@
+"""GPU suite for the MiniMax-M3 kernels at one TP4 rank's shapes (issue 6). A script, not a test.
+
+    PYTHONPATH=. python3 benchmarks/gpu_m3_suite.py --out m3_suite.json [--quick]
+
+Shapes (design/kernels_and_limits.md §6.1): 16 q heads, 1 KV head, head_dim 128, 1 index head, index dim 128,
+block 128, top-k 16; 128 routed experts + 1 shared packed as expert #128, intermediate 768, hidden 6144, top-4.
+All weights, KV and index-K are bf16 (FP8 is a later issue). Decode: batch 1/32/128 at 8K contexts (each request
+decodes at position 8191: 64 visible blocks); prefill: one 8K-token request (positions 0..8191).
+
+SYNTHETIC DATA: K, V, index-K caches and index queries are filled with random normals, block tables are random
+permutations of the physical blocks, router weights are random (so routing is roughly uniform). Bytes and
+FLOPs are counted from the actual selections / routings of the run.
+
+Method (benchmarks/gpu_bench_common.py, METHOD.md): ceilings (copy bandwidth, bf16 GEMM) re-measured in this run;
+each kernel timed as a single eager launch (do_bench median, L2 flushed) and as a CUDA-graph replay over R input
+sets totalling >= 4x the 50 MB L2; error against a torch reference computed in the same run. The table is printed
+last; everything goes to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, ".")
+from benchmarks.gpu_bench_common import (L2_BYTES, measure_bf16_gemm_tflops, measure_copy_bandwidth, rel_err,  # noqa: E402
+                                         time_graph_us, time_single_us)
+from ladle.kernels.fused_moe import MoETileConfig, fused_moe_ref, fused_moe_triton, select_config  # noqa: E402
+from ladle.kernels.moe_router import moe_router_ref, moe_router_triton  # noqa: E402
+from ladle.kernels.msa_indexer import msa_indexer_triton  # noqa: E402
+from ladle.kernels.msa_sparse_attention import msa_sparse_attention_triton  # noqa: E402
+
+HQ, HKV, D, DI, BS, TOPK = 16, 1, 128, 128, 128, 16
+E, I, HID, K_ROUTED = 128, 768, 6144, 4
+CTX = 8192
+DT = torch.bfloat16
+ROWS: list[dict] = []
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def add_row(kernel, shape, single_us, graph_us, nbytes, flops, err, target, ceil_bw, ceil_fl, extra=None):
+    t = graph_us if graph_us else single_us
+    gbs = nbytes / (t * 1e-6) / 1e9 if nbytes else 0.0
+    tfs = flops / (t * 1e-6) / 1e12 if flops else 0.0
+    row = dict(kernel=kernel, shape=shape, single_us=single_us, graph_us=graph_us, bytes=nbytes, flops=flops,
+               gbps=gbs, pct_bw=100 * gbs / ceil_bw, tflops=tfs, pct_bf16=100 * tfs / ceil_fl, err=err,
+               target=target)
+    row.update(extra or {})
+    ROWS.append(row)
+    log(json.dumps(row))
+
+
+# ----------------------------------------------------------------------------------------------------- MSA setup
+def msa_case(batch: int, prefill: bool, min_bytes: int):
+    """Caches + R block-table sets. Decode: `batch` requests at position CTX-1; prefill: 1 request, CTX tokens."""
+    nblk = CTX // BS
+    reqs = 1 if prefill else batch
+    T = CTX if prefill else batch
+    per_set = reqs * TOPK * BS * 2 * HKV * D * 2  # sparse-attention bytes per call (the smallest stream)
+    R = 1 if prefill else max(1, min(128, math.ceil(min_bytes / per_set)))
+    num_blocks = R * reqs * nblk + 1
+    kc = torch.randn(num_blocks, BS, HKV, D, device="cuda", dtype=DT)
+    vc = torch.randn(num_blocks, BS, HKV, D, device="cuda", dtype=DT)
+    kic = torch.randn(num_blocks, BS, DI, device="cuda", dtype=DT)
+    perm = (torch.randperm(num_blocks - 1, device="cuda") + 1).int()
+    tables = [perm[i * reqs * nblk:(i + 1) * reqs * nblk].view(reqs, nblk).contiguous() for i in range(R)]
+    if prefill:
+        positions = torch.arange(CTX, device="cuda")
+        qsl = torch.tensor([0, CTX], dtype=torch.int32, device="cuda")
+    else:
+        positions = torch.full((batch,), CTX - 1, device="cuda", dtype=torch.int64)
+        qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    qi = [torch.randn(T, HKV, DI, device="cuda", dtype=DT) for _ in range(R)]
+    q = [torch.randn(T, HQ, D, device="cuda", dtype=DT) for _ in range(R)]
+    return dict(kc=kc, vc=vc, kic=kic, tables=tables, positions=positions, qsl=qsl, qi=qi, q=q, R=R, T=T)
+
+
+def indexer_ref_sets(c, i, chunk=1024):
+    """Vectorised torch reference on the GPU (fp32 scores): list of sets per (group 0, token)."""
+    bt, kic, qi, pos = c["tables"][i], c["kic"], c["qi"][i], c["positions"]
+    qsl = c["qsl"].tolist()
+    T = qi.shape[0]
+    ref = torch.empty(T, TOPK, dtype=torch.int64, device="cuda")
+    for r in range(len(qsl) - 1):
+        keys = kic[bt[r].long()].reshape(-1, DI).float()  # [CTX, DI]
+        for s in range(qsl[r], qsl[r + 1], chunk):
+            e = min(s + chunk, qsl[r + 1])
+            sc = qi[s:e, 0].float() @ keys.T  # [n, CTX]
+            j = torch.arange(keys.shape[0], device="cuda")
+            p = pos[s:e]
+            sc = sc.masked_fill(j[None, :] > p[:, None], float("-inf")).view(e - s, -1, BS).amax(-1)
+            local = (p // BS)
+            sc.scatter_(1, local[:, None], float("inf"))
+            nvis = local + 1
+            top = torch.topk(sc, TOPK, dim=1).indices
+            top = torch.where(torch.arange(TOPK, device="cuda")[None, :] < nvis[:, None], top, -1)
+            ref[s:e] = top
+    return ref
+
+
+def set_match(sel, ref):
+    a = torch.sort(sel[0].long(), dim=1).values
+    b = torch.sort(ref, dim=1).values
+    return (a == b).all(dim=1).float().mean().item()
+
+
+def attn_ref(c, i, sel, chunk=512):
+    """fp32 torch reference of the sparse attention (gathers the selected blocks), chunked over tokens."""
+    bt, q, pos, qsl = c["tables"][i], c["q"][i], c["positions"], c["qsl"].tolist()
+    T = q.shape[0]
+    req = torch.searchsorted(c["qsl"][1:], torch.arange(T, device="cuda"), right=True)
+    out = torch.empty(T, HQ, D, device="cuda", dtype=torch.float32)
+    for s in range(0, T, chunk):
+        e = min(s + chunk, T)
+        sb = sel[0, s:e].long()  # [n, TOPK]
+        valid = sb >= 0
+        pages = bt[req[s:e, None], sb.clamp(min=0)].long()  # [n, TOPK]
+        k = c["kc"][pages][:, :, :, 0].float().reshape(e - s, TOPK * BS, D)
+        v = c["vc"][pages][:, :, :, 0].float().reshape(e - s, TOPK * BS, D)
+        j = (sb.clamp(min=0)[:, :, None] * BS + torch.arange(BS, device="cuda")).reshape(e - s, -1)
+        ok = (j <= pos[s:e, None]) & valid.repeat_interleave(BS, dim=1)
+        sc = torch.einsum("nhd,nkd->nhk", q[s:e].float(), k) / math.sqrt(D)
+        sc = sc.masked_fill(~ok[:, None, :], float("-inf"))
+        out[s:e] = torch.einsum("nhk,nkd->nhd", torch.softmax(sc, dim=-1), v)
+    return out
+
+
+def visible_keys(c, sel):
+    """Sum over tokens of keys attended (for FLOP and byte counts)."""
+    pos = c["positions"]
+    sb = sel[0].long()
+    full = ((sb >= 0) & (sb < (pos // BS)[:, None])).sum()
+    local = (pos % BS + 1).sum()
+    return int(full.item()) * BS + int(local.item())
+
+
+def run_msa(batch, prefill, bw, fl):
+    label = f"prefill T={CTX}" if prefill else f"decode B={batch} ctx={CTX}"
+    c = msa_case(batch, prefill, 4 * L2_BYTES)
+    R, T = c["R"], c["T"]
+    sels = [torch.empty(HKV, T, TOPK, dtype=torch.int32, device="cuda") for _ in range(R)]
+    idx_fns = [lambda i=i: msa_indexer_triton(c["qi"][i], c["kic"], c["tables"][i], c["positions"], c["qsl"],
+                                                TOPK, out=sels[i]) for i in range(R)]
+    for f in idx_fns:
+        f()
+    torch.cuda.synchronize()
+    match = set_match(sels[0], indexer_ref_sets(c, 0))
+    nblk_scanned = int(((c["positions"] // BS) + 1).sum().item())
+    idx_bytes = nblk_scanned * BS * DI * 2 + T * HKV * DI * 2 + T * HKV * TOPK * 4
+    idx_flops = 2 * HKV * DI * int((c["positions"] + 1).sum().item())  # useful (causal) q.k FLOPs
+    single = time_single_us(idx_fns[0])
+    graph = time_graph_us(idx_fns)
+    add_row("msa_indexer", label + f" R={R}", single, graph, idx_bytes if not prefill else 0,
+            idx_flops if prefill else 0, f"set-match {match:.4f}",
+            ">=70% copy BW" if (not prefill and batch >= 32) else "-", bw, fl)
+
+    outs = [torch.empty(T, HQ, D, device="cuda", dtype=DT) for _ in range(R)]
+    attn_fns = [lambda i=i: msa_sparse_attention_triton(c["q"][i], c["kc"], c["vc"], c["tables"][i], sels[i],
+                                                          c["positions"], c["qsl"], out=outs[i]) for i in range(R)]
+    for f in attn_fns:
+        f()
+    torch.cuda.synchronize()
+    err = rel_err(outs[0].float(), attn_ref(c, 0, sels[0]))
+    nkeys = visible_keys(c, sels[0])
+    nsel_blocks = int((sels[0] >= 0).sum().item())
+    attn_bytes = nsel_blocks * BS * 2 * HKV * D * 2 + 2 * T * HQ * D * 2 + T * TOPK * 4
+    attn_flops = 4 * HQ * D * nkeys
+    single = time_single_us(attn_fns[0])
+    graph = time_graph_us(attn_fns)
+    add_row("msa_sparse_attn", label + f" R={R}", single, graph, attn_bytes if not prefill else 0,
+            attn_flops if prefill else 0, f"rel {err:.2e}",
+            ">=70% copy BW" if (not prefill and batch >= 32) else "-", bw, fl)
+    if not prefill and batch >= 32:  # split-count sweep (shape constants only; reported, not auto-applied)
+        for ns in (1, 2, 4, 8, 16):
+            fns = [lambda i=i: msa_sparse_attention_triton(c["q"][i], c["kc"], c["vc"], c["tables"][i], sels[i],
+                                                             c["positions"], c["qsl"], num_splits=ns, out=outs[i])
+                   for i in range(R)]
+            add_row("msa_sparse_attn", label + f" splits={ns}", time_single_us(fns[0]), time_graph_us(fns),
+                    attn_bytes, 0, "-", "sweep", bw, fl)
+        for ns in (2, 4, 8, 16, 32):
+            fns = [lambda i=i: msa_indexer_triton(c["qi"][i], c["kic"], c["tables"][i], c["positions"], c["qsl"],
+                                                    TOPK, out=sels[i], num_splits=ns) for i in range(R)]
+            add_row("msa_indexer", label + f" splits={ns}", time_single_us(fns[0]), time_graph_us(fns),
+                    idx_bytes, 0, "-", "sweep", bw, fl)
+    del c
+    torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------------------- MoE
+def moe_weights():
+    w13 = torch.randn(E + 1, 2 * I, HID, device="cuda", dtype=DT) * 0.02
+    w2 = torch.randn(E + 1, HID, I, device="cuda", dtype=DT) * 0.02
+    gate = torch.randn(E, HID, device="cuda", dtype=torch.float32) * 0.02
+    bias = torch.randn(E, device="cuda", dtype=torch.float32) * 0.01
+    return w13, w2, gate, bias
+
+
+def run_moe(M, W, bw, fl, configs):
+    w13, w2, gate, bias = W
+    expert_bytes = (2 * I * HID + HID * I) * 2
+    R = 1 if M >= 32 else 4
+    xs = [torch.randn(M, HID, device="cuda", dtype=DT) for _ in range(R)]
+    routes = [moe_router_triton(x, gate, bias, K_ROUTED, 2.0, shared_expert=True) for x in xs]
+    ids0, w0 = routes[0]
+    rids, rw = moe_router_ref(xs[0], gate, bias, K_ROUTED, 2.0, shared_expert=True)
+    id_match = (ids0.sort(1).values == rids.sort(1).values).all(1).float().mean().item()
+    werr = (w0 - rw).abs().max().item()
+    label = f"M={M}"
+    rbytes = E * HID * 4 + M * HID * 2
+    rfns = [lambda x=x: moe_router_triton(x, gate, bias, K_ROUTED, 2.0, shared_expert=True) for x in xs]
+    add_row("moe_router", label, time_single_us(rfns[0]), time_graph_us(rfns), rbytes, 2 * M * HID * E,
+            f"ids {id_match:.4f} w {werr:.1e}", "-", bw, fl)
+    distinct = int(torch.unique(ids0).numel())
+    nbytes = distinct * expert_bytes + 2 * M * HID * 2
+    flops = 2 * M * (K_ROUTED + 1) * (2 * I * HID + HID * I)
+    ref = fused_moe_ref(xs[0], w13, w2, ids0, w0, compute_dtype=torch.float32)
+    prefill = M > 256
+    target = ">=50% bf16" if prefill else ">=60% copy BW"
+    for cfg in configs:
+        try:
+            moe_config_row(cfg, M, xs, routes, w13, w2, ref, label, distinct, prefill, nbytes, flops, target, bw, fl)
+        except Exception as exc:  # noqa: BLE001 - e.g. a sweep config out of shared memory
+            log(f"config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def moe_config_row(cfg, M, xs, routes, w13, w2, ref, label, distinct, prefill, nbytes, flops, target, bw, fl):
+    if True:
+        fns = [lambda x=x, r=r: fused_moe_triton(x, w13, w2, r[0], r[1], config=cfg) for x, r in zip(xs, routes)]
+        out = fns[0]()
+        torch.cuda.synchronize()
+        err = rel_err(out.float(), ref.float())
+        tag = "default" if cfg == select_config(M) else "sweep"
+        add_row("fused_moe", f"{label} experts={distinct} {tag} {cfg.block_m}/{cfg.block_n1}/{cfg.block_n2}/"
+                f"{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}", time_single_us(fns[0]), time_graph_us(fns),
+                0 if prefill else nbytes, flops, f"rel {err:.2e}", target, bw, fl)
+
+
+def guarded(fn, *args):
+    """Run one case; a failure is logged and recorded, the rest of the suite still runs."""
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - a benchmark script reports and moves on
+        traceback.print_exc()
+        ROWS.append(dict(kernel=fn.__name__, shape=str(args[:2]), single_us=0.0, graph_us=0.0, gbps=0.0, pct_bw=0.0,
+                         tflops=0.0, pct_bf16=0.0, err=f"FAILED {type(exc).__name__}", target="-"))
+        torch.cuda.empty_cache()
+
+
+def print_table():
+    hdr = f"{'kernel':<16} {'shape':<52} {'single us':>9} {'graph us':>9} {'GB/s':>7} {'%BW':>5} {'TF/s':>6} {'%bf16':>5}  {'error':<22} target"
+    log("\n" + hdr)
+    log("-" * len(hdr))
+    for r in ROWS:
+        log(f"{r['kernel']:<16} {r['shape']:<52} {r['single_us']:>9.1f} {r['graph_us']:>9.1f} {r['gbps']:>7.0f} "
+            f"{r['pct_bw']:>5.1f} {r['tflops']:>6.1f} {r['pct_bf16']:>5.1f}  {r['err']:<22} {r['target']}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="m3_suite.json")
+    ap.add_argument("--quick", action="store_true", help="skip config sweeps")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    t0 = time.time()
+    dev = torch.cuda.get_device_name()
+    bw = measure_copy_bandwidth()
+    fl = measure_bf16_gemm_tflops()
+    log(f"device {dev}: copy {bw:.0f} GB/s, bf16 GEMM {fl:.0f} TFLOP/s")
+    for b, pre in ((1, False), (32, False), (128, False), (1, True)):
+        guarded(run_msa, b, pre, bw, fl)
+    log(f"msa done {time.time() - t0:.0f}s")
+    W = moe_weights()
+    small = [MoETileConfig(16, 32, 64, 128, 4, 4), MoETileConfig(16, 16, 64, 128, 4, 5),
+             MoETileConfig(16, 64, 128, 128, 4, 4), MoETileConfig(16, 32, 64, 256, 4, 3)]
+    large = [MoETileConfig(64, 128, 128, 64, 8, 3), MoETileConfig(128, 64, 128, 64, 8, 3),
+             MoETileConfig(64, 64, 128, 64, 4, 4), MoETileConfig(128, 128, 128, 64, 8, 3)]
+    for M in (1, 32, 128):
+        guarded(run_moe, M, W, bw, fl, [select_config(M)] + ([] if args.quick else [c for c in small if c != select_config(M)]))
+    guarded(run_moe, 8192, W, bw, fl, [select_config(8192)] + ([] if args.quick else [c for c in large if c != select_config(8192)]))
+    log(f"all done {time.time() - t0:.0f}s")
+    with open(args.out, "w") as f:
+        json.dump(dict(device=dev, copy_gbps=bw, bf16_tflops=fl, synthetic=True, rows=ROWS), f, indent=1)
+    log(f"device {dev}: copy {bw:.0f} GB/s (ceiling), bf16 GEMM {fl:.0f} TFLOP/s (ceiling); synthetic KV/index-K/"
+        f"block tables/router weights")
+    print_table()
+
+
+if __name__ == "__main__":
+    main()

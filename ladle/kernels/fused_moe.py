@@ -1,0 +1,261 @@
+"""Fused MoE for MiniMax-M3: align by expert -> grouped GEMM w13 with the swigluoai epilogue -> grouped GEMM w2 with
+the routed weight -> combine over the k slots.
+
+Math (design/minimax_m3.md §3.6, §3.8), per token t and slot i with expert e = topk_ids[t, i], weight w:
+    g = x_t @ w13[e, :I]^T,  u = x_t @ w13[e, I:]^T          (w13 = [gate rows; up rows], NOT interleaved)
+    h = (clamp(u, -limit, limit) + 1) * min(g, limit) * sigmoid(alpha * min(g, limit))   alpha 1.702, limit 7.0
+    out_t = sum_i w * (h @ w2[e]^T)
+The shared expert is just expert #E of a table of E+1 experts, with weight 1.0 from the router (moe_router.py).
+
+Kernels (kernels_and_limits.md §1.1, vLLM fused_moe structure, written from that description):
+  moe_align (moe_align.py), then
+  `_gemm1_kernel`  1-D grid over (max_padded/BM) x cdiv(I, BN) tiles, N fastest; each program reads its tile's
+                   expert id, gathers x rows by sorted_token_ids // k (no permuted copy), streams the matching
+                   gate and up weight slabs into two fp32 accumulators and stores swigluoai(g, u) to
+                   intermediate [max_padded, I] (x dtype);
+  `_gemm2_kernel`  same tiling over (max_padded/BM) x cdiv(H, BN): intermediate @ w2[e]^T, x routed weight,
+                   stored fp32 to per-slot rows out_slots[T*k, H];
+  combine          out = out_slots.view(T, k, H).sum(1) (deterministic; torch).
+Tiles past num_tokens_post_padded exit at once; all grids depend on shapes only (CUDA-graph capturable).
+Tile config from the local shape (`select_config`): M = tokens in the call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ladle.kernels._common import interpreting, triton_ok
+from ladle.kernels.moe_align import moe_align_triton
+
+try:
+    from ladle.observe import dispatch as _dispatch
+except ImportError:  # pragma: no cover
+    _dispatch = None
+
+OP = "fused_moe"
+if _dispatch is not None:
+    _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); bf16/fp16/fp32 weights = x dtype")
+
+SWIGLU_ALPHA = 1.702
+SWIGLU_LIMIT = 7.0
+
+
+@dataclass(frozen=True)
+class MoETileConfig:
+    """One tile configuration for both GEMMs (BN1 is the width of EACH of the gate/up halves)."""
+
+    block_m: int
+    block_n1: int
+    block_n2: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def select_config(num_tokens: int, device_type: str = "cuda") -> MoETileConfig:
+    """The local shape decides the tile (issue 6): decode sizes stream weights with the smallest MMA M tile and
+    narrow N tiles for enough CTAs; prefill sizes use larger M tiles for weight reuse."""
+    if num_tokens <= 16:
+        return MoETileConfig(16, 32, 64, 128, 4, 4)
+    if num_tokens <= 256:
+        return MoETileConfig(16, 64, 128, 128, 4, 4)
+    return MoETileConfig(64, 128, 128, 64, 8, 3)
+
+
+@triton.jit
+def _gemm1_kernel(
+    x_ptr, w_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
+    numel, topk_cols, N_HALF, K,
+    stride_xm, stride_we, stride_wn, alpha, limit,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N_HALF, BN)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BM >= tl.load(npp_ptr):
+        return
+    e = tl.load(expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    slot = tl.load(sorted_ptr + offs_m)
+    row_ok = slot < numel
+    tok = (slot // topk_cols).to(tl.int64)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_ok = offs_n < N_HALF
+    offs_k = tl.arange(0, BK)
+    a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
+    g_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]
+    u_ptrs = g_ptrs + N_HALF * stride_wn
+    acc_g = tl.zeros([BM, BN], tl.float32)
+    acc_u = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            g = tl.load(g_ptrs, mask=n_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k + k0 < K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            u = tl.load(u_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if F32_DOT:  # fp32 weights or the interpreter (whose bf16 tl.dot is wrong)
+            acc_g = tl.dot(a.to(tl.float32), g.to(tl.float32), acc_g, input_precision="ieee")
+            acc_u = tl.dot(a.to(tl.float32), u.to(tl.float32), acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, g, acc_g)
+            acc_u = tl.dot(a, u, acc_u)
+        a_ptrs += BK
+        g_ptrs += BK
+        u_ptrs += BK
+    gate = tl.minimum(acc_g, limit)
+    up = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    h = (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+    out = inter_ptr + offs_m[:, None].to(tl.int64) * N_HALF + offs_n[None, :]
+    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[None, :])
+
+
+@triton.jit
+def _gemm2_kernel(
+    a_ptr, w_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
+    numel, N, K, stride_we, stride_wn,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BN)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BM >= tl.load(npp_ptr):
+        return
+    e = tl.load(expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    slot = tl.load(sorted_ptr + offs_m)
+    row_ok = slot < numel
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
+    b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k + k0 < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if F32_DOT:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BK
+        b_ptrs += BK
+    wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
+    acc = acc * wt[:, None]
+    out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(out, acc, mask=row_ok[:, None] & n_ok[None, :])
+
+
+def fused_moe_ineligible(x: torch.Tensor, w13: torch.Tensor) -> Optional[str]:
+    """Eligibility rule of the Triton path: None when it may run, else the reason."""
+    reason = triton_ok(x, w13)
+    if reason:
+        return reason
+    if x.dtype != w13.dtype:
+        return f"x {x.dtype} != weights {w13.dtype}"
+    return None
+
+
+def fused_moe_triton(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E', 2*I, H] rows = [gate (I); up (I)]
+    w2: torch.Tensor,  # [E', H, I]
+    topk_ids: torch.Tensor,  # [T, k] int32 in [0, E')
+    topk_weights: torch.Tensor,  # [T, k] fp32
+    alpha: float = SWIGLU_ALPHA,
+    limit: float = SWIGLU_LIMIT,
+    config: Optional[MoETileConfig] = None,
+) -> torch.Tensor:
+    """Triton fused MoE. Returns [T, H] in x.dtype. No host sync; shapes fixed by (T, k, E', H, I)."""
+    T, H = x.shape
+    E, two_i, Hw = w13.shape
+    I = two_i // 2
+    assert Hw == H and two_i == 2 * I, f"w13 {tuple(w13.shape)} vs x {tuple(x.shape)}"
+    assert w2.shape == (E, H, I), f"w2 must be [E, H, I] = {(E, H, I)}, got {tuple(w2.shape)}"
+    assert x.dtype == w13.dtype == w2.dtype
+    assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
+    assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == T
+    assert topk_ids.dtype == torch.int32 and topk_weights.dtype == torch.float32
+    k = topk_ids.shape[1]
+    if T == 0:
+        return torch.empty_like(x)
+    cfg = config or select_config(T, x.device.type)
+    bm = cfg.block_m
+    bn1 = min(cfg.block_n1, triton.next_power_of_2(I))
+    bn2 = min(cfg.block_n2, triton.next_power_of_2(H))
+    bk1 = min(cfg.block_k, triton.next_power_of_2(H))
+    bk2 = min(cfg.block_k, triton.next_power_of_2(I))
+    sorted_ids, expert_ids, npp = moe_align_triton(topk_ids, E, bm)
+    P = sorted_ids.numel()
+    f32 = x.dtype == torch.float32 or interpreting()
+    inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
+    _gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](
+        x, w13, inter, sorted_ids, expert_ids, npp, T * k, k, I, H,
+        x.stride(0), w13.stride(0), w13.stride(1), float(alpha), float(limit),
+        BM=bm, BN=bn1, BK=bk1, EVEN_K=H % bk1 == 0, F32_DOT=f32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
+    _gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
+        inter, w2, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
+        w2.stride(0), w2.stride(1),
+        BM=bm, BN=bn2, BK=bk2, EVEN_K=I % bk2 == 0, F32_DOT=f32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out_slots.view(T, k, H).sum(dim=1).to(x.dtype)
+
+
+def swigluoai_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA,
+                  limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit) (design/minimax_m3.md §3.6)."""
+    g = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1.0) * g * torch.sigmoid(alpha * g)
+
+
+def fused_moe_ref(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT, compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Reference: per expert, dense math in `compute_dtype` (float64 for tests), result in x.dtype."""
+    T, H = x.shape
+    I = w13.shape[1] // 2
+    xc = x.to(compute_dtype)
+    out = torch.zeros((T, H), dtype=compute_dtype, device=x.device)
+    ids = topk_ids.long()
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        w = w13[e].to(compute_dtype)
+        h = swigluoai_ref(xc[tok] @ w[:I].T, xc[tok] @ w[I:].T, alpha, limit)
+        y = h @ w2[e].to(compute_dtype).T
+        out.index_add_(0, tok, y * topk_weights[tok, slot].to(compute_dtype)[:, None])
+    return out.to(x.dtype)
+
+
+def fused_moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+    alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT, *, use_triton: bool = True,
+) -> torch.Tensor:
+    """Dispatching entry point (records op "fused_moe"); the fallback is the float32 reference."""
+    reason = fused_moe_ineligible(x, w13)
+    run_fast = use_triton and reason is None
+    if _dispatch is not None:
+        run_fast = _dispatch.decide(OP, _dispatch.tokens_bucket(x.shape[0]), configured=use_triton,
+                                    ineligible_reason=reason)
+    if run_fast:
+        return fused_moe_triton(x, w13, w2, topk_ids, topk_weights, alpha, limit)
+    return fused_moe_ref(x, w13, w2, topk_ids, topk_weights, alpha, limit, compute_dtype=torch.float32)

@@ -1,0 +1,79 @@
+"""End to end: `ladle bench serve` (as a subprocess, through `python -m ladle bench`) against `ladle serve` on the
+default tiny model (SmolLM2-135M on CPU), with the AMD write-up's flags shortened to 8 prompts and 2 warm-ups.
+Prompts are built through the server's /tokenize and /detokenize (no local tokenizer). Slow: the server's start-up
+dominates (about 30-60 s on the shared 2-core machine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from test_cli import VLLM_FIELDS
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ladle_server(tmp_path_factory):
+    if importlib.util.find_spec("ladle.server.api") is None or importlib.util.find_spec(
+            "ladle.engine.async_engine") is None:
+        pytest.skip("`ladle serve` is not written yet")
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    log = open(log_path, "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "ladle", "serve", "--port", str(port), "--max-model-len", "1024",
+                             "--kv-cache-memory-bytes", "256M", "--uvicorn-log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + float(os.environ.get("LADLE_TEST_STARTUP_TIMEOUT", "300"))
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            log.seek(0)
+            pytest.fail("`ladle serve` did not start:\n" + log.read()[-4000:])
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def test_bench_serve_against_ladle_serve(ladle_server, tmp_path):
+    cmd = [sys.executable, "-m", "ladle", "bench", "serve", "--backend", "vllm", "--base-url", ladle_server,
+           "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "8",
+           "--random-range-ratio", "0.8", "--num-prompts", "8", "--max-concurrency", "8", "--request-rate", "inf",
+           "--ignore-eos", "--num-warmups", "2", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result",
+           "--result-dir", str(tmp_path), "--result-filename", "e2e.json", "--disable-tqdm"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    r = json.loads((tmp_path / "e2e.json").read_text())
+    assert not [k for k in VLLM_FIELDS if k not in r]
+    assert r["completed"] == 8 and r["failed"] == 0
+    assert r["tokenizer_id"].startswith("server:")
+    # ignore_eos: every request produced exactly the drawn output length, counted by the server's usage
+    assert r["total_output_tokens"] == sum(r["output_lens"]) and all(1 <= n <= 15 for n in r["output_lens"])
+    assert all(12 <= n <= 116 for n in r["input_lens"])  # [floor(64*0.2), ceil(64*1.8)] minus/plus re-tokenising
+    assert 0 < r["median_ttft_ms"] and r["mean_e2el_ms"] >= r["mean_ttft_ms"]
+    assert r["ladle"]["server"]["block_size"] == 16

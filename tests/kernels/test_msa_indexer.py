@@ -1,0 +1,145 @@
+"""MSA indexer (ladle/kernels/msa_indexer.py): Triton kernel vs the float64 torch reference, and the output layout
+checked against its definition (ARCHITECTURE.md "MSA selection")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladle.kernels.msa_indexer import msa_indexer, msa_indexer_ref, msa_indexer_triton
+from ladle.observe import dispatch
+from msa_batch import as_sets, build
+
+BS, D = 16, 32
+# (context, new tokens): prefill from 0 over 3 blocks; decode deep in; chunk straddling blocks; decode at the
+# last slot of block 0 (pos 15); decode at the first slot of block 1 (pos 16); decode at a later boundary (pos 48)
+RAGGED = [(0, 40), (100, 1), (60, 20), (15, 1), (16, 1), (48, 1)]
+
+
+def _check_layout(sel: torch.Tensor, positions: torch.Tensor, topk: int, total: int) -> None:
+    """Every row: exactly min(topk, p//BS+1) distinct valid ids, left-packed, local block last valid, -1 after."""
+    H, T, _ = sel.shape
+    for h in range(H):
+        for t in range(T):
+            row = sel[h, t].tolist()
+            p = int(positions[t])
+            if p < 0 or t >= total:
+                assert row == [-1] * topk
+                continue
+            n = min(topk, p // BS + 1)
+            assert row[n:] == [-1] * (topk - n), row
+            assert len(set(row[:n])) == n and all(0 <= b <= p // BS for b in row[:n]), row
+            assert row[n - 1] == p // BS, f"local block must be last valid: {row}"
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_ragged_integer_scores_exact(num_splits):
+    """Small-integer data: every score is exact in fp32, many exact ties; tie rule (lower id wins) is shared, so
+    the kernel must equal the reference slot for slot."""
+    torch.manual_seed(1)
+    b = build(RAGGED, BS, max_blocks=8, pad_tokens=2)
+    T, H, topk = b.num_tokens, 2, 4
+    q = torch.randint(-2, 3, (T, H, D)).float()
+    kc = torch.randint(-2, 3, (b.num_blocks, BS, D)).float()
+    out = torch.full((H, T, topk), 77, dtype=torch.int32)  # poisoned
+    msa_indexer_triton(q, kc, b.block_table, b.positions, b.query_start_loc, topk, num_splits=num_splits, out=out)
+    ref = msa_indexer_ref(q, kc, b.block_table, b.positions, b.query_start_loc, topk)
+    _check_layout(out, b.positions, topk, int(b.query_start_loc[-1]))
+    assert torch.equal(out, ref)
+
+
+def test_random_fp32_sets_and_bf16():
+    """Random scores (fp32) compared as sets; bf16 with integer-valued data (exact products) compared as sets."""
+    torch.manual_seed(2)
+    b = build(RAGGED, BS, max_blocks=8)
+    T, H, topk = b.num_tokens, 2, 3
+    q = torch.randn(T, H, D)
+    kc = torch.randn(b.num_blocks, BS, D)
+    out = msa_indexer_triton(q, kc, b.block_table, b.positions, b.query_start_loc, topk)
+    ref = msa_indexer_ref(q, kc, b.block_table, b.positions, b.query_start_loc, topk)
+    assert as_sets(out) == as_sets(ref)
+    _check_layout(out, b.positions, topk, T)
+    qb = torch.randint(-3, 4, (T, H, D)).bfloat16()
+    kb = torch.randint(-3, 4, (b.num_blocks, BS, D)).bfloat16()
+    out = msa_indexer_triton(qb, kb, b.block_table, b.positions, b.query_start_loc, topk)
+    ref = msa_indexer_ref(qb, kb, b.block_table, b.positions, b.query_start_loc, topk)
+    assert as_sets(out) == as_sets(ref)
+
+
+def test_layout_trap_tokens_equal_heads():
+    """num_tokens == num_kv_heads: a [T, H] vs [H, T] mix-up has the right shape, so only values catch it. The two
+    groups' queries are built to pick different blocks."""
+    torch.manual_seed(3)
+    b = build([(90, 1), (70, 1)], BS, max_blocks=8)
+    H, topk = 2, 2
+    kc = torch.zeros(b.num_blocks, BS, D)
+    q = torch.zeros(2, H, D)
+    bt = b.block_table
+    # token 0 (req 0, local block 5): group 0 likes block 1, group 1 likes block 3; token 1 (req 1, local 4):
+    # group 0 likes block 2, group 1 likes block 0.
+    for r, tok, pref in ((0, 0, (1, 3)), (1, 1, (2, 0))):
+        for g, blk in enumerate(pref):
+            kc[bt[r, blk], 0, g] = 10.0
+            q[tok, g, g] = 1.0
+    out = msa_indexer_triton(q, kc, bt, b.positions, b.query_start_loc, topk)
+    expect = torch.tensor([[[1, 5], [2, 4]], [[3, 5], [0, 4]]], dtype=torch.int32)
+    assert torch.equal(out, expect)
+    assert torch.equal(msa_indexer_ref(q, kc, bt, b.positions, b.query_start_loc, topk), expect)
+
+
+def test_fewer_blocks_than_topk_and_ties_lower_id_wins():
+    """All scores equal: the lowest ids win; contexts with fewer visible blocks than topk select all of them."""
+    b = build([(0, 1), (20, 1), (79, 1)], BS, max_blocks=8)
+    q = torch.ones(3, 1, D)
+    kc = torch.ones(b.num_blocks, BS, D)
+    out = msa_indexer_triton(q, kc, b.block_table, b.positions, b.query_start_loc, 3)
+    assert out[0].tolist() == [[0, -1, -1], [0, 1, -1], [0, 1, 4]]
+
+
+def test_dispatch_records_executed():
+    dispatch.reset()
+    b = build([(5, 3)], BS, max_blocks=2)
+    q = torch.randn(3, 1, D)
+    kc = torch.randn(b.num_blocks, BS, D)
+    msa_indexer(q, kc, b.block_table, b.positions, b.query_start_loc, 2)
+    row = dispatch.snapshot()["ops"]["msa_indexer"]["buckets"]["T<=4"]
+    assert row["executed"] == 1
+
+
+@pytest.mark.gpu
+def test_gpu_real_block_size_and_graph():
+    """Real geometry (block 128, dim 128, bf16) vs the reference as sets; CUDA-graph replay equals eager."""
+    torch.manual_seed(4)
+    bs = 128
+    b = build([(0, 300), (1000, 1), (2047, 1), (640, 64)], bs, max_blocks=17, device="cuda")
+    T, topk = b.num_tokens, 4
+    q = torch.randint(-3, 4, (T, 1, 128), device="cuda").bfloat16()
+    kc = torch.randint(-3, 4, (b.num_blocks, bs, 128), device="cuda").bfloat16()
+    args = (q, kc, b.block_table, b.positions, b.query_start_loc, topk)
+    out = msa_indexer_triton(*args)
+    assert as_sets(out) == as_sets(msa_indexer_ref(*args))
+    static = torch.full_like(out, 99)
+    g = torch.cuda.CUDAGraph()
+    msa_indexer_triton(*args, out=static)
+    with torch.cuda.graph(g):
+        msa_indexer_triton(*args, out=static)
+    static.fill_(99)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, out)
+
+
+def test_agrees_with_model_reference_selection():
+    """Cross-check with the M3 model's torch selection (ladle/layers/attention/msa.py, written independently):
+    same sets per (group, token). Skipped while that module is absent."""
+    msa = pytest.importorskip("ladle.layers.attention.msa")
+    torch.manual_seed(7)
+    b = build([(0, 70)], BS, max_blocks=5)
+    T, H, topk = b.num_tokens, 2, 3
+    q = torch.randn(T, H, D)
+    kc = torch.randn(b.num_blocks, BS, D)
+    keys = kc[b.block_table[0].long()].reshape(-1, D)[:T]
+    scores = msa.msa_block_scores(q, keys, b.positions, BS)
+    theirs = msa.msa_select_blocks(scores, b.positions, BS, topk, 1)
+    out = msa_indexer_triton(q, kc, b.block_table, b.positions, b.query_start_loc, topk)
+    assert as_sets(out) == as_sets(theirs)
