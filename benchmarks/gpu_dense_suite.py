@@ -157,6 +157,52 @@ def bench_decode(shape_name, batch, ctx, bw):
     del kc, vc
 
 
+DECODE_CONFIGS = [  # (TILE_N, num_warps, num_stages, split multiplier vs the default rule)
+    (128, 4, 3, 1), (64, 4, 3, 1), (64, 4, 3, 2), (128, 4, 3, 2), (128, 8, 3, 1), (128, 4, 4, 1), (64, 4, 4, 4),
+    (32, 4, 4, 2),
+]
+
+
+def bench_decode_sweep(shape_name, batch, ctx, bw):
+    """Tile / warps / stages / split-count variants of the decode kernel (graph-timed, rotated caches)."""
+    from ladle.kernels.attention_decode import decode_attention
+    hq, hkv, d, bs = SHAPES[shape_name]
+    per_call = batch * ctx * hkv * d * 2 * 2
+    r = rotations(per_call)
+    nblk = -(-ctx // bs)
+    total_blocks = r * batch * nblk + 1
+    kc = torch.empty(total_blocks, bs, hkv, d, dtype=BF16, device="cuda").normal_()
+    vc = torch.empty_like(kc).normal_()
+    bts = (torch.randperm(total_blocks - 1, device="cuda") + 1).to(torch.int32).view(r, batch, nblk)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    sl = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    qs = [torch.randn(batch, hq, d, dtype=BF16, device="cuda") for _ in range(r)]
+    outs = [torch.empty_like(q) for q in qs]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = []
+    for tile, warps, stages, mult in DECODE_CONFIGS:
+        splits = min(64, mult * choose_num_splits(batch, hkv, nblk, bs, tile, sms))
+        cfg = {"TILE_N": tile, "num_warps": warps, "num_stages": stages}
+        fns = [lambda i=i, cfg=cfg, splits=splits: decode_attention(qs[i], kc, vc, bts[i], qsl, sl, d**-0.5,
+                                                                    out=outs[i], num_splits=splits, config=cfg)
+               for i in range(r)]
+        try:
+            us = time_graph_us(fns)
+        except Exception as exc:
+            res.append({"config": cfg, "splits": splits, "error": str(exc)[:200]})
+            continue
+        gbps = per_call / (us * 1e-6) / 1e9
+        res.append({"config": cfg, "splits": splits, "graph_us": us, "GBps": gbps, "frac": gbps / bw})
+        print(f"    sweep {shape_name} B={batch}: {cfg} splits={splits}: {us:.1f} us {gbps:.0f} GB/s "
+              f"{100 * gbps / bw:.1f}%", flush=True)
+    RESULT.setdefault("decode_sweep", []).append({"shape": shape_name, "batch": batch, "ctx": ctx, "variants": res})
+    best = min((x for x in res if "graph_us" in x), key=lambda x: x["graph_us"])
+    RESULT.setdefault("summary_lines", []).append(
+        f"decode sweep {shape_name} B={batch} ctx={ctx}: best {best['config']} splits={best['splits']} "
+        f"{best['GBps']:.0f} GB/s = {100 * best['frac']:.1f}% of copy")
+    del kc, vc
+
+
 def _prefill_ref(q, kc, vc, bt, seq, q_len, scale):
     """float32 causal reference, one KV head at a time (bounded memory)."""
     hq, d = q.shape[1:]
@@ -249,7 +295,9 @@ def main() -> None:
     ap.add_argument("--out", default="results")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--model-dir", default=".bench_assets/smollm2-135m")
-    ap.add_argument("--only", default="", help="comma list of sections: ceil,small,decode,prefill,sampler,step,e2e")
+    ap.add_argument("--only", default="", help="comma list of sections: small,decode,sweep,prefill,sampler,step,e2e")
+    ap.add_argument("--decode-batches", default="1,32,128")
+    ap.add_argument("--decode-shapes", default="smollm2,llama8b,m3dense")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     only = set(filter(None, args.only.split(",")))
@@ -275,9 +323,11 @@ def main() -> None:
         json.dump(RESULT, open(os.path.join(args.out, "gpu_dense_suite.json"), "w"), indent=1, default=str)
 
     section("small", bench_small_kernels, bw)
-    for shape in ("smollm2", "llama8b", "m3dense"):
-        for batch in (1, 32, 128):
+    for shape in args.decode_shapes.split(","):
+        for batch in map(int, args.decode_batches.split(",")):
             section("decode", bench_decode, shape, batch, 8192, bw)
+    section("sweep", bench_decode_sweep, "smollm2", 32, 8192, bw)
+    section("sweep", bench_decode_sweep, "m3dense", 32, 8192, bw)
     for shape in ("smollm2", "llama8b"):
         section("prefill", bench_prefill, shape, 8192, 0, tf)
     section("prefill", bench_prefill, "llama8b", 2048, 6144, tf)

@@ -164,7 +164,7 @@ def _bench_transformers(cfg, result):
     for b in BATCHES:
         ids = torch.randint(100, cfg["vocab_size"] - 100, (b, PROMPT), generator=g).cuda()
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, cache_implementation="static", pad_token_id=0)
-        hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
+        hf.generate(ids, max_new_tokens=GEN, min_new_tokens=GEN, **kw)  # warm-up at the timed shape (compiles)
         torch.cuda.synchronize()
         t = time.perf_counter()
         out = hf.generate(ids, max_new_tokens=GEN, min_new_tokens=GEN, **kw)

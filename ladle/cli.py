@@ -71,7 +71,8 @@ def cmd_generate(argv: list[str]) -> int:
     from ladle.core.sampling_params import SamplingParams
 
     LLM = _lazy("ladle.engine.llm", "LLM", "the offline LLM API")
-    llm = LLM.from_config(engine_config) if hasattr(LLM, "from_config") else LLM(engine_config)
+    build_engine = _lazy("ladle.engine.engine_factory", "build_engine", "the engine")
+    llm = LLM(bundle=build_engine(engine_config))
     tokenizer = llm.tokenizer
     if args.raw:
         prompt_ids = tokenizer.encode(args.prompt)

@@ -136,7 +136,9 @@ class AsyncEngine(EngineClient):
                 if not self._drain_inbox(block):
                     break
                 if self.core.has_unfinished_requests():
-                    self._dispatch(self.core.step())
+                    outputs = self.core.step()
+                    self._publish_stats()  # before clients see the outputs
+                    self._dispatch(outputs)
                 self._publish_stats()
             self._abort_everything("the engine is shutting down", FINISH_ABORT)
         except BaseException as exc:  # noqa: BLE001 — the loop died: fail every stream, report unhealthy
@@ -189,7 +191,9 @@ class AsyncEngine(EngineClient):
         child_ids = self._processor.child_ids(parent_id)
         if not child_ids:
             return
-        self._dispatch(self.core.abort_requests(child_ids))
+        outputs = self.core.abort_requests(child_ids)
+        self._publish_stats()
+        self._dispatch(outputs)
 
     def _dispatch(self, engine_outputs: list) -> None:
         processed = self._processor.process(engine_outputs)

@@ -56,8 +56,9 @@ def _model_name(config: EngineConfig, source: Any) -> str:
     return getattr(source, "gguf_file", None) or str(getattr(source, "path", "ladle"))
 
 
-def build_engine(config: EngineConfig) -> EngineBundle:
-    """Load everything. Raises ConfigError / KVCacheTooSmall / loader errors with user-facing messages."""
+def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
+    """Load everything. `tokenizer`: an already loaded tokenizer for this model (skips loading one).
+    Raises ConfigError / KVCacheTooSmall / loader errors with user-facing messages."""
     from ladle.models.loader import load_model, resolve_model_source
     from ladle.models.registry import resolve_model_class
     from ladle.runner.model_runner import ModelRunner
@@ -67,7 +68,8 @@ def build_engine(config: EngineConfig) -> EngineBundle:
     model_cls = resolve_model_class(source.architectures)
     resolved = resolve_engine_config(config, source.hf_config, model_cls)
     mc = resolved.model
-    tokenizer = load_tokenizer(source.tokenizer_path, source.tokenizer_gguf_file)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source.tokenizer_path, source.tokenizer_gguf_file)
     eos = eos_token_ids(tokenizer, source.generation_config)
     model = load_model(mc, source, torch_dtype(mc.dtype), torch.device(mc.device))
     runner = ModelRunner(mc, resolved.cache, resolved.scheduler, resolved.runner, model, eos)

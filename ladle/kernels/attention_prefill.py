@@ -7,6 +7,7 @@ prefix-cache hit or an earlier chunk needs nothing special: its context is simpl
 Grid: (cdiv-upper-bound of query tiles, num_q_heads). Program `pid` finds its sequence by binary search over
 `query_start_loc` — sequence s owns tiles `[qsl[s] // BLOCK_M + s, qsl[s+1] // BLOCK_M + s + 1)`, a bound that
 always covers its `ceil(qlen / BLOCK_M)` tiles — so the grid depends on (T, B) only, never on host-side lengths.
+Within a sequence the tiles run last-first (the causally longest tiles start in the first wave).
 
         keys ->  0 ........................ ctx ........ ctx+qlen
     query 0      [ visible (full tiles, no mask) ][ diag ]
@@ -72,9 +73,11 @@ def _prefill_kernel(
     seq = lo
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
-    tile = pid - (q_start // BLOCK_M + seq)
-    if tile * BLOCK_M >= q_len:
+    num_q_tiles = tl.cdiv(q_len, BLOCK_M)
+    slot = pid - (q_start // BLOCK_M + seq)
+    if slot >= num_q_tiles:
         return
+    tile = num_q_tiles - 1 - slot  # heaviest (last, longest-causal) tiles launch first: shorter tail
     seq_len = tl.load(seq_lens + seq)
     ctx_len = seq_len - q_len
 
@@ -111,9 +114,9 @@ def default_prefill_config(head_dim: int, on_cpu: bool) -> dict:
     benchmarks/gpu_dense_suite.py (see its JSON)."""
     if on_cpu:
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    if head_dim <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    if head_dim <= 64:  # H200 sweep: 243.6 TFLOP/s at 8K causal, D=64 (best of 6)
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}  # 373.7 TFLOP/s, D=128
 
 
 def prefill_attention(

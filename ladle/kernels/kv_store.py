@@ -5,10 +5,13 @@ index_key_cache `[num_blocks, block_size, index_head_dim]`. `slot_mapping[t] = b
 a slot of -1 marks a padding token (CUDA-graph padding, or a token whose KV must not be written) and is skipped.
 
 Because a block's `[block_size, num_kv_heads, head_dim]` slab is contiguous, slot s is simply row s of the cache
-viewed as `[num_blocks * block_size, num_kv_heads * head_dim]` — the kernel copies one row per token.
+viewed as `[num_blocks * block_size, num_kv_heads * head_dim]` — the kernel copies one row per token, K and V in
+the same launch, BLOCK_T tokens per program.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
@@ -26,30 +29,39 @@ dispatch.register(
 
 @triton.jit
 def _store_kernel(
-    src_ptr,  # [T, W] rows (row stride src_stride, unit column stride)
-    cache_ptr,  # [num_slots, W] contiguous rows
+    k_ptr, v_ptr,  # [T, W] rows (row strides k_stride / v_stride, unit column stride)
+    kc_ptr, vc_ptr,  # [num_slots, W] contiguous rows
     slot_ptr,  # [T] int32/int64
-    src_stride,
-    W: tl.constexpr,
-    BLOCK_W: tl.constexpr,
+    num_tokens, k_stride, v_stride,
+    W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, HAS_V: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:
-        return
+    # One program moves BLOCK_T tokens x W columns of K (and V): enough bytes per program to stream.
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + offs_t, mask=offs_t < num_tokens, other=-1).to(tl.int64)
+    row_ok = slot >= 0
+    rows = offs_t.to(tl.int64)
     for w0 in range(0, W, BLOCK_W):
-        offs = w0 + tl.arange(0, BLOCK_W)
-        mask = offs < W
-        row = tl.load(src_ptr + t.to(tl.int64) * src_stride + offs, mask=mask)
-        tl.store(cache_ptr + slot * W + offs, row, mask=mask)
+        offs_w = w0 + tl.arange(0, BLOCK_W)
+        mask = row_ok[:, None] & (offs_w[None, :] < W)
+        dst = slot[:, None] * W + offs_w[None, :]
+        k = tl.load(k_ptr + rows[:, None] * k_stride + offs_w[None, :], mask=mask)
+        tl.store(kc_ptr + dst, k, mask=mask)
+        if HAS_V:
+            v = tl.load(v_ptr + rows[:, None] * v_stride + offs_w[None, :], mask=mask)
+            tl.store(vc_ptr + dst, v, mask=mask)
 
 
-def _launch(src: torch.Tensor, cache_rows: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    num_tokens, width = src.shape
+def _launch(k: torch.Tensor, v: Optional[torch.Tensor], k_rows: torch.Tensor, v_rows: Optional[torch.Tensor],
+            slot_mapping: torch.Tensor) -> None:
+    num_tokens, width = k.shape
     if num_tokens == 0:
         return
-    block_w = min(triton.next_power_of_2(width), 2048)
-    _store_kernel[(num_tokens,)](src, cache_rows, slot_mapping, src.stride(0), W=width, BLOCK_W=block_w, num_warps=4)
+    block_w = min(triton.next_power_of_2(width), 1024)
+    block_t = max(1, min(64, 4096 // block_w))
+    has_v = v is not None
+    _store_kernel[(triton.cdiv(num_tokens, block_t),)](
+        k, v if has_v else k, k_rows, v_rows if has_v else k_rows, slot_mapping, num_tokens, k.stride(0),
+        (v if has_v else k).stride(0), W=width, BLOCK_T=block_t, BLOCK_W=block_w, HAS_V=has_v, num_warps=4)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -91,10 +103,7 @@ def store_kvcache(
         store_kvcache_ref(k, v, key_cache, value_cache, slot_mapping)
         return
     width = key_cache.shape[2] * key_cache.shape[3]
-    kc = key_cache.view(-1, width)
-    vc = value_cache.view(-1, width)
-    _launch(_rows(k), kc, slot_mapping)
-    _launch(_rows(v), vc, slot_mapping)
+    _launch(_rows(k), _rows(v), key_cache.view(-1, width), value_cache.view(-1, width), slot_mapping)
 
 
 def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -109,7 +118,7 @@ def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slo
     if reason is not None:
         store_index_kcache_ref(index_k, index_key_cache, slot_mapping)
         return
-    _launch(index_k, index_key_cache.view(-1, index_key_cache.shape[2]), slot_mapping)
+    _launch(index_k, None, index_key_cache.view(-1, index_key_cache.shape[2]), None, slot_mapping)
 
 
 store_kv = store_kvcache  # the name ladle/layers/attention/layer.py looks up

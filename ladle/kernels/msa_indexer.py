@@ -98,8 +98,12 @@ def _index_score_kernel(
     offs_s = tl.arange(0, BLOCK_SIZE)
     k_off = offs_s[:, None] * stride_ks + offs_d[None, :]  # [BS, D]
     out_row = score_ptr + h.to(tl.int64) * num_tokens * max_blocks + t.to(tl.int64) * max_blocks
+    bt_row = bt_ptr + r * stride_bt
+    page_next = tl.load(bt_row + split, mask=split < n_blocks, other=0).to(tl.int64)
     for b in range(split, n_blocks, NUM_SPLITS):
-        page = tl.load(bt_ptr + r * stride_bt + b).to(tl.int64)
+        page = page_next
+        # prefetch the next page id so its (dependent) load overlaps this block's K tile
+        page_next = tl.load(bt_row + b + NUM_SPLITS, mask=b + NUM_SPLITS < n_blocks, other=0).to(tl.int64)
         k = tl.load(k_ptr + page * stride_kb + k_off)  # [BS, D]
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong): exact fp32 products
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -176,6 +180,8 @@ def msa_indexer_triton(
     num_splits: Optional[int] = None,
     out: Optional[torch.Tensor] = None,  # [Hkv, T, topk] int32, written in full
     scores: Optional[torch.Tensor] = None,  # scratch [Hkv, T, max_blocks] fp32
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """Triton indexer. Returns `selected_block_ids [Hkv, T, topk] int32` (layout in the module docstring).
 
@@ -212,7 +218,7 @@ def msa_indexer_triton(
         B, T, max_blocks,
         index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
         NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
-        FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), num_warps=4, num_stages=3,
+        FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), num_warps=num_warps, num_stages=num_stages,
     )
     _index_topk_kernel[(T, H)](
         scores, positions, query_start_loc, out, B, T, max_blocks,

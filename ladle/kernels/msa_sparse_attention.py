@@ -71,6 +71,8 @@ def _sparse_attn_kernel(
     n_valid = tl.sum((sel >= 0).to(tl.int32), axis=0)
     n_valid = tl.where((r < num_reqs) & (pos >= 0), n_valid, 0)
     r = tl.minimum(r, num_reqs - 1)
+    # all physical pages of this row up front: no dependent scalar loads inside the loop
+    pages = tl.load(bt_ptr + r * stride_bt + sel, mask=sel >= 0, other=0).to(tl.int64)  # [TOPK_P2]
     lo = split * SLOTS_PER_SPLIT
     hi = tl.minimum(lo + SLOTS_PER_SPLIT, n_valid)
 
@@ -86,9 +88,10 @@ def _sparse_attn_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for k in range(lo, hi):
-        b = tl.load(sel_row + k)
-        page = tl.load(bt_ptr + r * stride_bt + b).to(tl.int64)
+        b = tl.sum(tl.where(slots == k, sel, 0), axis=0)
+        page = tl.sum(tl.where(slots == k, pages, 0), axis=0)
         kt = tl.load(k_ptr + page * stride_kb + kv_off)
+        vt = tl.load(v_ptr + page * stride_kb + kv_off)  # issued with K: both tiles in flight together
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
@@ -101,7 +104,6 @@ def _sparse_attn_kernel(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_ptr + page * stride_kb + kv_off)
         if FP32_IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
                                                 input_precision="ieee")
@@ -172,6 +174,8 @@ def msa_sparse_attention_triton(
     scale: Optional[float] = None,  # default 1/sqrt(D)
     num_splits: Optional[int] = None,
     out: Optional[torch.Tensor] = None,  # [T, Hq, D] q.dtype
+    num_warps: Optional[int] = None,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation)."""
     check_cache_pair(key_cache, value_cache)
@@ -214,7 +218,8 @@ def msa_sparse_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
         TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
-        FP32_IEEE=q.dtype == torch.float32 or interpreting(), num_warps=8 if big else 4, num_stages=2,
+        FP32_IEEE=q.dtype == torch.float32 or interpreting(), num_warps=num_warps or (8 if big else 4),
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_kernel[(T, Hq)](pacc, pml, out, Hq, out.stride(0), out.stride(1),

@@ -22,7 +22,7 @@ from torch import nn
 class MergedLinear(nn.Linear):
     """y = x W^T (+ b) with W the row-concatenation of named shards.
 
-    Args: input_size; output_sizes: ordered {shard_id: rows}; bias; dtype.
+    Args: input_size; output_sizes: ordered {shard_id: rows}; bias; dtype; device.
     forward(x [..., input_size]) -> [..., sum(output_sizes)] (nn.Linear semantics).
     """
 
@@ -32,8 +32,9 @@ class MergedLinear(nn.Linear):
         output_sizes: dict[Hashable, int],
         bias: bool = False,
         dtype: Optional[torch.dtype] = None,
+        device: "torch.device | str | None" = None,
     ) -> None:
-        super().__init__(input_size, sum(output_sizes.values()), bias=bias, dtype=dtype)
+        super().__init__(input_size, sum(output_sizes.values()), bias=bias, dtype=dtype, device=device)
         self.output_sizes = dict(output_sizes)
         self.shard_offsets: dict[Hashable, tuple[int, int]] = {}
         offset = 0

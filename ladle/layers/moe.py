@@ -104,7 +104,16 @@ class MoE(nn.Module):
             return self._expert(x, self.w13[self.num_experts], self.w2[self.num_experts])
         return self._expert(x, self.shared_w13, self.shared_w2)
 
-    def forward(self, x: torch.Tensor, fuse_shared: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fuse_shared: bool = True, use_kernels: bool = False) -> torch.Tensor:
+        """x [T, H] -> [T, H]. use_kernels: ladle.kernels router + fused MoE (graph-safe; each records its
+        dispatch and falls back to its own reference when ineligible); needs the folded shared expert and beta 1."""
+        if use_kernels and fuse_shared and self.shared_folded and self.act["beta"] == 1.0:
+            from ladle.kernels.fused_moe import fused_moe
+            from ladle.kernels.moe_router import moe_router
+
+            ids, w = moe_router(x, self.gate_weight, self.e_score_correction_bias, self.top_k,
+                                self.routed_scaling_factor, shared_expert=True)
+            return fused_moe(x, self.w13, self.w2, ids, w, self.act["alpha"], self.act["limit"])
         ids, w = self.route(x)
         if fuse_shared and self.shared_folded:
             t = x.shape[0]

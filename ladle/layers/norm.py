@@ -24,11 +24,12 @@ class RMSNorm(nn.Module):
     second value is the new residual stream (vLLM's fused add-norm contract: the add happens once, here).
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: Optional[torch.dtype] = None) -> None:
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: Optional[torch.dtype] = None,
+                 device: "torch.device | str | None" = None) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         input_dtype = x.dtype

@@ -79,6 +79,7 @@ class RotaryEmbedding(nn.Module):
         base: float,
         scaling: Optional[dict] = None,
         is_neox_style: bool = True,
+        device: "torch.device | str | None" = None,
     ) -> None:
         super().__init__()
         assert rotary_dim <= head_dim and rotary_dim % 2 == 0, (rotary_dim, head_dim)
@@ -88,18 +89,14 @@ class RotaryEmbedding(nn.Module):
         self.is_neox_style = is_neox_style
         self.base = base
         self.scaling = dict(scaling) if scaling else None
-        self.register_buffer("cos_sin_cache", self._compute_cache(None), persistent=False)
+        self.register_buffer("cos_sin_cache", self._compute_cache(device), persistent=False)
 
     def _compute_cache(self, device: "torch.device | None") -> torch.Tensor:
         """[max_position, rotary_dim] float32: cat(cos, sin) of position * inv_freq."""
-        inv_freq = compute_inv_freq(self.rotary_dim, self.base, self.scaling).to(device)
+        inv_freq = compute_inv_freq(self.rotary_dim, self.base, self.scaling).to(device)  # computed on CPU
         positions = torch.arange(self.max_position, dtype=torch.int64, device=device).to(torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [max_position, rotary_dim // 2] float32
         return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-
-    def reset_cache(self, device: "torch.device | str") -> None:
-        """Recompute the cache on `device` (after building the module on the meta device)."""
-        self.cos_sin_cache = self._compute_cache(torch.device(device))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, H, head_dim]; cos/sin [T, 1, rotary_dim // 2] in x's dtype."""

@@ -22,6 +22,7 @@ from torch import nn
 from ladle.layers.activation import silu_and_mul
 from ladle.layers.attention.layer import Attention
 from ladle.layers.attention.metadata import LayerCacheSpec
+from ladle.layers.embedding import VocabEmbedding
 from ladle.layers.linear import MergedLinear
 from ladle.layers.norm import RMSNorm
 from ladle.layers.rotary import RotaryEmbedding
@@ -101,12 +102,13 @@ class LlamaArgs:
 class LlamaAttentionBlock(nn.Module):
     """qkv_proj -> RoPE -> paged Attention -> o_proj. forward(positions [T], x [T, H]) -> [T, H]."""
 
-    def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype) -> None:
+    def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         super().__init__()
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self.qkv_proj = MergedLinear(args.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size},
-                                     bias=args.qkv_bias, dtype=dtype)
-        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias, dtype=dtype)
+                                     bias=args.qkv_bias, dtype=dtype, device=device)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias, dtype=dtype, device=device)
         self.rotary = [rotary]  # shared across layers; a list keeps it out of this module's state_dict
         self.attn = Attention(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim**-0.5, layer_idx)
 
@@ -119,11 +121,12 @@ class LlamaAttentionBlock(nn.Module):
 class LlamaMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate/up merged. forward(x [T, H]) -> [T, H]."""
 
-    def __init__(self, args: LlamaArgs, dtype: torch.dtype) -> None:
+    def __init__(self, args: LlamaArgs, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.gate_up_proj = MergedLinear(args.hidden_size, {0: args.intermediate_size, 1: args.intermediate_size},
-                                         bias=args.mlp_bias, dtype=dtype)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias, dtype=dtype)
+                                         bias=args.mlp_bias, dtype=dtype, device=device)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias, dtype=dtype,
+                                   device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -133,12 +136,13 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm block. forward(positions, x, residual) -> (x, residual); residual None on the first layer.
     The residual add of each sub-block happens inside the following RMSNorm (fused add-norm)."""
 
-    def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype) -> None:
+    def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype)
-        self.self_attn = LlamaAttentionBlock(args, rotary, layer_idx, dtype)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype)
-        self.mlp = LlamaMLP(args, dtype)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
+        self.self_attn = LlamaAttentionBlock(args, rotary, layer_idx, dtype, device)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
+        self.mlp = LlamaMLP(args, dtype, device)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: Optional[torch.Tensor]
@@ -153,15 +157,18 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: LlamaArgs, dtype: torch.dtype) -> None:
+    """Parameters are created on `param_device` (the meta device while building, see `_materialize`); the RoPE
+    cache on `device`."""
+
+    def __init__(self, args: LlamaArgs, dtype: torch.dtype, device: torch.device, param_device: torch.device) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size, dtype=dtype)
+        self.embed_tokens = VocabEmbedding(args.vocab_size, args.hidden_size, dtype=dtype, device=param_device)
         self.rotary_emb = RotaryEmbedding(args.head_dim, args.rotary_dim, args.max_position, args.rope_theta,
-                                          args.rope_scaling, is_neox_style=True)
+                                          args.rope_scaling, is_neox_style=True, device=device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(args, self.rotary_emb, i, dtype) for i in range(args.num_layers)
+            LlamaDecoderLayer(args, self.rotary_emb, i, dtype, param_device) for i in range(args.num_layers)
         )
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype)
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=param_device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -170,6 +177,22 @@ class LlamaModel(nn.Module):
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
         return x
+
+
+def _materialize(root: nn.Module, device: torch.device) -> None:
+    """Replace meta parameters with uninitialised ones on `device` (RMSNorm weights = 1); a parameter shared by
+    several modules (tied embeddings) stays shared. Inference only: parameters do not require grad."""
+    done: dict[int, nn.Parameter] = {}
+    for module in root.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in done:
+                data = torch.empty(param.shape, dtype=param.dtype, device=device)
+                if isinstance(module, RMSNorm):
+                    data.fill_(1.0)
+                done[id(param)] = nn.Parameter(data, requires_grad=False)
+            module._parameters[name] = done[id(param)]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -185,18 +208,15 @@ class LlamaForCausalLM(nn.Module):
         self.hf_config = dict(hf_config)
         self.args = LlamaArgs.from_hf(hf_config)
         self.dtype = dtype
-        # Built on the meta device and materialised uninitialised: no random init of weights that loading (or
-        # init_dummy_weights) overwrites anyway. Then the RoPE cache is computed and norms set to 1.
-        with torch.device("meta"):
-            self.model = LlamaModel(self.args, dtype)
-            self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False, dtype=dtype)
-        self.to_empty(device=device)
-        self.model.rotary_emb.reset_cache(device)
-        for module in self.modules():
-            if isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+        # Parameters are built on the meta device and materialised uninitialised: no random init of weights that
+        # loading (or init_dummy_weights) overwrites anyway. (Explicit device arguments, not a `torch.device`
+        # context: under that context torch routes factory calls through Python refs, which is slow.)
+        device, meta = torch.device(device), torch.device("meta")
+        self.model = LlamaModel(self.args, dtype, device, meta)
+        self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False, dtype=dtype, device=meta)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        _materialize(self, device)
 
     @classmethod
     def required_block_size(cls, hf_config: dict) -> Optional[int]:

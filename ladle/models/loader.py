@@ -59,7 +59,7 @@ class ModelSource:
     @property
     def tokenizer_gguf_file(self) -> Optional[str]:
         """`gguf_file=` for AutoTokenizer: the GGUF name when the tokenizer comes from the GGUF, else None."""
-        if self.gguf_file and os.path.samefile(self.tokenizer_path, os.path.dirname(self.path)):
+        if self.gguf_file and os.path.realpath(self.tokenizer_path) == os.path.realpath(os.path.dirname(self.path)):
             return self.gguf_file
         return None
 

@@ -8,7 +8,8 @@ Registered (ladle/models/registry.py) for `MiniMaxM3SparseForConditionalGenerati
 and `MiniMaxM3VLForCausalLM`. Checkpoint names map through ladle/models/minimax_m3_weights.py.
 
 Forward contract (ladle/models/interface.py): reads `get_forward_context()`; writes K, V and (sparse layers)
-index-K for every token with slot >= 0. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
+index-K for every token with slot >= 0. `ctx.attn_backend == "triton"` (the runner's choice on CUDA) selects the
+ladle.kernels path for attention, the indexer and the MoE (graph-capturable); "torch" the reference path. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
 left in `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
 """
 
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ladle.layers.attention.metadata import AttentionMetadata, LayerCacheSpec, LayerKVCache, get_forward_context
-from ladle.layers.attention.msa_attention import MSAParams, paged_attention
+from ladle.layers.attention.msa_attention import MSAParams, paged_attention, paged_attention_triton
 from ladle.layers.moe import MoE
 from ladle.models.minimax_m3_config import M3Config, parse_m3_config
 from ladle.models.minimax_m3_layers import DenseMLP, GemmaRMSNorm, PartialNeoxRope
@@ -75,8 +76,9 @@ class M3Attention(nn.Module):
         self.msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks) if sparse else None
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKVCache,
-                md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """a [T, H] (input-normed) -> (out [T, H], selected_block_ids or None)."""
+                md: AttentionMetadata, backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """a [T, H] (input-normed) -> (out [T, H], selected_block_ids or None). backend "triton" runs the
+        ladle.kernels path (graph-safe), "torch" the per-request reference."""
         t = a.shape[0]
         q = PartialNeoxRope.apply(self.q_norm(self.q_proj(a).view(t, self.nh, self.d)), cos, sin)
         k = PartialNeoxRope.apply(self.k_norm(self.k_proj(a).view(t, self.nkv, self.d)), cos, sin)
@@ -84,7 +86,8 @@ class M3Attention(nn.Module):
         iq = ik = None
         if self.indexer is not None:
             iq, ik = self.indexer(a, cos, sin)
-        out, selected = paged_attention(q, k, v, cache, md, self.scale, iq, ik, self.msa)
+        attend = paged_attention_triton if backend == "triton" else paged_attention
+        out, selected = attend(q, k, v, cache, md, self.scale, iq, ik, self.msa)
         return self.o_proj(out.reshape(t, self.nh * self.d)), selected
 
 
@@ -142,10 +145,13 @@ class MiniMaxM3ForCausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
         for i, layer in enumerate(self.layers):
             a = layer.input_layernorm(h)
-            attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md)
+            attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md, ctx.attn_backend)
             h = h + attn
             b = layer.post_attention_layernorm(h)
-            mlp = layer.mlp(b, fuse_shared=self.fuse_shared_expert) if isinstance(layer.mlp, MoE) else layer.mlp(b)
+            if isinstance(layer.mlp, MoE):
+                mlp = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=ctx.attn_backend == "triton")
+            else:
+                mlp = layer.mlp(b)
             h = h + mlp
             if record and selected is not None:
                 ctx.extras["msa_selected_block_ids"][i] = selected

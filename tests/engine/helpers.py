@@ -33,6 +33,11 @@ def tiny_model(seed: int = 0, hf_config: Optional[dict] = None) -> torch.nn.Modu
 
     model = LlamaForCausalLM(hf_config or TINY_LLAMA, torch.float32, "cpu")
     model.init_dummy_weights(seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # peaky logits, so greedy choices are far from ties
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.35)
     return model.eval()
 
 
@@ -60,11 +65,11 @@ def replace_cache(bundle: EngineBundle, **kw) -> EngineConfig:
     return dataclasses.replace(bundle.engine_config, cache=dataclasses.replace(bundle.engine_config.cache, **kw))
 
 
-def smollm2_bundle(**kw) -> EngineBundle:
+def smollm2_bundle(tokenizer: Any = None, **kw) -> EngineBundle:
     """The real SmolLM2 GGUF through ladle's own loading path (build_engine)."""
     from ladle.engine.engine_factory import build_engine, engine_config_from_kwargs
 
     kw.setdefault("kv_cache_memory_bytes", 96 << 20)
     kw.setdefault("max_model_len", 1024)
     kw.setdefault("device", "cpu")
-    return build_engine(engine_config_from_kwargs(smollm2_gguf(), **kw))
+    return build_engine(engine_config_from_kwargs(smollm2_gguf(), **kw), tokenizer)

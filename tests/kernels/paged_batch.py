@@ -12,6 +12,9 @@ import torch
 
 from ladle.layers.attention.metadata import AttentionMetadata
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton interpreter (tests/conftest.py)
+F32_TOL = 1e-5 if DEV == "cpu" else 5e-3  # float32 on GPU: tl.dot uses TF32
+
 
 @dataclass
 class PagedBatch:
@@ -24,7 +27,7 @@ class PagedBatch:
 
 
 def build(q_lens, ctx_lens, *, num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32,
-          device="cpu", pad_tokens=0, extra_table_cols=1, seed=0) -> PagedBatch:
+          device=DEV, pad_tokens=0, extra_table_cols=1, seed=0) -> PagedBatch:
     g = torch.Generator().manual_seed(seed)
     seq_lens = [q + c for q, c in zip(q_lens, ctx_lens)]
     blocks_needed = [-(-s // block_size) for s in seq_lens]

@@ -9,11 +9,13 @@ from ladle.kernels import store_index_kcache, store_kvcache
 
 
 def _slots(num_tokens: int, num_blocks: int, block_size: int, g: torch.Generator) -> torch.Tensor:
-    """Distinct slots outside the null block 0, a few -1 padding entries, including block-boundary offsets."""
-    slots = torch.randperm((num_blocks - 1) * block_size, generator=g)[:num_tokens] + block_size
+    """Distinct slots outside the null block 0 (real slot mappings never repeat a slot), a few -1 padding entries,
+    and the block-boundary slots 2*bs-1 (last offset of block 1) and 2*bs (first offset of block 2) at rows 1, 2."""
+    edge = [2 * block_size - 1, 2 * block_size]
+    rest = [s for s in (torch.randperm((num_blocks - 1) * block_size, generator=g) + block_size).tolist()
+            if s not in edge]
+    slots = torch.tensor([rest[0]] + edge + rest[1 : num_tokens - 2])
     slots[::5] = -1
-    slots[1] = 2 * block_size - 1  # last offset of block 1
-    slots[2] = 2 * block_size  # first offset of block 2
     return slots
 
 
@@ -39,6 +41,7 @@ def test_store_kvcache(device, slot_dtype):
 
 
 def test_store_index_kcache():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(7)
     cache = torch.randn(6, 8, 32, generator=g)
     x = torch.randn(20, 32, generator=g)
@@ -47,5 +50,6 @@ def test_store_index_kcache():
     for i, s in enumerate(slots.tolist()):
         if s >= 0:
             want[s // 8, s % 8] = x[i]
-    store_index_kcache(x, cache, slots)
-    assert torch.equal(cache, want)
+    cache = cache.to(dev)
+    store_index_kcache(x.to(dev), cache, slots.to(dev))
+    assert torch.equal(cache.cpu(), want)

@@ -64,7 +64,7 @@ def test_empty_experts_and_all_to_one_expert():
 def test_prefill_config_and_bf16():
     torch.manual_seed(3)
     E, T = 6, 300  # > 256 tokens: the prefill tile config
-    assert select_config(T).block_m == 64
+    assert select_config(T).block_m >= 64
     x = torch.randn(T, H)
     w13, w2 = _weights(E)
     ids = torch.stack([torch.randperm(E)[:2] for _ in range(T)]).int()

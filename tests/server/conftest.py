@@ -2,95 +2,22 @@
 
 `fake_server`: the real FastAPI app + uvicorn on 127.0.0.1, in a thread of this process, over FakeEngineClient
 (fast; always runs). `real_server`: one session-scoped `python -m ladle serve` subprocess serving the default
-SmolLM2 model (skipped only while `ladle.engine.async_engine` does not exist yet). `server` runs a test against
-both.
+SmolLM2 model (skipped only while `ladle.engine.async_engine` does not exist yet; LADLE_TEST_SERVER_URL reuses a
+running server). `server` runs a test against both.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
-from dataclasses import dataclass
-from typing import Optional
 
 import httpx
 import pytest
-import uvicorn
 
 from fake_engine import FakeEngineClient
-from ladle.config import ServerConfig
-from ladle.server.api import build_app
-
-STARTUP_TIMEOUT_S = float(os.environ.get("LADLE_TEST_STARTUP_TIMEOUT", "300"))
-REAL_MAX_MODEL_LEN = 2048
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    kind: str  # "fake" | "real"
-    base_url: str
-    model: str
-    max_model_len: int
-    engine: Optional[FakeEngineClient] = None  # the fake's engine (None for the real server)
-
-    def client(self, **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=kw.pop("timeout", 120), **kw)
-
-    def openai(self):
-        import openai
-
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def metrics(self) -> dict[str, float]:
-        """Unlabelled view of /metrics: series name -> value (summed over label sets)."""
-        out: dict[str, float] = {}
-        for line in httpx.get(self.base_url + "/metrics").text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            name_labels, value = line.rsplit(" ", 1)
-            name = name_labels.split("{", 1)[0]
-            out[name] = out.get(name, 0.0) + float(value)
-        return out
-
-
-def _wait_ready(base_url: str, proc: Optional[subprocess.Popen] = None, timeout: float = STARTUP_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"`ladle serve` exited with status {proc.returncode} during startup")
-        try:
-            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"server at {base_url} not ready after {timeout:.0f} s")
-
-
-class _ThreadServer(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # not the main thread
-        pass
-
-
-def start_fake(engine: FakeEngineClient, api_key: Optional[str] = None):
-    port = free_port()
-    app = build_app(engine, ServerConfig(port=port, api_key=api_key))
-    server = _ThreadServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    _wait_ready(f"http://127.0.0.1:{port}", timeout=30)
-    return server, thread, f"http://127.0.0.1:{port}"
+from harness import REAL_MAX_MODEL_LEN, Server, _wait_ready, free_port, start_fake
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +31,11 @@ def fake_server():
 
 @pytest.fixture(scope="session")
 def real_server():
+    if os.environ.get("LADLE_TEST_SERVER_URL"):  # reuse a running `ladle serve` (development)
+        url = os.environ["LADLE_TEST_SERVER_URL"]
+        model = httpx.get(url + "/v1/models").json()["data"][0]
+        yield Server("real", url, model["id"], model["max_model_len"])
+        return
     if importlib.util.find_spec("ladle.engine.async_engine") is None:
         pytest.skip("ladle.engine.async_engine is not written yet")
     port = free_port()

@@ -21,7 +21,7 @@ from ladle.engine.client import (CompletionOutput, EngineClient, EngineError, En
 
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 IM_START, IM_END = 256, 257
-SCRIPT = "Hello! Ladle says 你好, world 😀. The quick brown fox jumps over the lazy dog. " * 8
+SCRIPT = "Hi 你好 😀! Ladle says hello, world. The quick brown fox jumps over the lazy dog. " * 8
 WORDS = ["alpha", "beta", "gamma", "delta", "你好", "😀", "fox", "dog", "ladle", "soup"]
 
 
@@ -141,7 +141,7 @@ class _Choice:
 
 
 class FakeEngineClient(EngineClient):
-    def __init__(self, max_model_len: int = 256, num_blocks: int = 1000, block_size: int = 16,
+    def __init__(self, max_model_len: int = 4096, num_blocks: int = 1000, block_size: int = 16,
                  step_delay: float = 0.002, model_name: str = "fake-model"):
         self.tokenizer = FakeTokenizer()
         self.model_name = model_name
@@ -153,6 +153,7 @@ class FakeEngineClient(EngineClient):
         self.aborted: list[str] = []
         self.healthy = True
         self.fail_after: Optional[int] = None  # tokens after which a step "raises" (finish_reason error)
+        self.reject_message: Optional[str] = None  # raise RequestRejected(message) at admission
         self.stats = EngineStats(num_total_blocks=num_blocks)
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -160,6 +161,8 @@ class FakeEngineClient(EngineClient):
         if not self.healthy:
             raise EngineError("engine loop is dead")
         p = sampling_params
+        if self.reject_message:
+            raise RequestRejected(self.reject_message)
         if len(prompt_token_ids) + (p.max_tokens or 0) > self.max_model_len:
             raise RequestRejected(f"fake: {len(prompt_token_ids)} + {p.max_tokens} > {self.max_model_len}")
         rid = request_id or "cmpl-fake"

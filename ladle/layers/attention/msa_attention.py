@@ -108,3 +108,29 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
             mask = causal[None]
         out[t0:t1] = _attend(q[t0:t1], k_seq, v_seq, mask, scale)
     return out, selected
+
+
+def paged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache,
+                           md: AttentionMetadata, scale: float, index_q: torch.Tensor | None = None,
+                           index_k: torch.Tensor | None = None, msa: MSAParams | None = None,
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Same contract as `paged_attention`, through ladle.kernels (Triton where eligible, each op recording its
+    dispatch). Graph-safe: no host mirrors, no host syncs. Selections come from the kernel indexer, whose
+    non-local entries are in score order (still the documented layout: left-packed, local block last, -1 after).
+    The kernel indexer forces only the query's own block, so it serves local_blocks == 1 (M3) only."""
+    from ladle.kernels.kv_store import store_index_kcache, store_kvcache
+    from ladle.kernels.msa_indexer import msa_indexer
+    from ladle.kernels.msa_sparse_attention import msa_sparse_attention
+    from ladle.kernels.paged_attention import paged_attention as dense_paged_attention
+
+    store_kvcache(k, v, cache.key_cache, cache.value_cache, md.slot_mapping)
+    if msa is None:
+        return dense_paged_attention(q, cache.key_cache, cache.value_cache, md, scale), None
+    assert msa.local_blocks == 1, "kernel indexer forces the own block only"
+    assert md.block_size == msa.block_size == cache.key_cache.shape[1]
+    store_index_kcache(index_k.contiguous(), cache.index_key_cache, md.slot_mapping[: index_k.shape[0]])
+    selected = msa_indexer(index_q.contiguous(), cache.index_key_cache, md.block_table, md.positions,
+                           md.query_start_loc, msa.topk_blocks)
+    out = msa_sparse_attention(q.contiguous(), cache.key_cache, cache.value_cache, md.block_table, selected,
+                               md.positions, md.query_start_loc, scale)
+    return out, selected

@@ -1,0 +1,67 @@
+"""The official `openai` package against the server: chat and completions, streaming and not (greedy), and the
+concatenated stream deltas equal the non-streamed text."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+PROMPT = "Write one sentence about soup:"
+MESSAGES = [{"role": "user", "content": "Name three colours."}]
+
+
+def test_completions_stream_equals_plain(server):
+    client = server.openai()
+    plain = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=12, temperature=0)
+    assert plain.object == "text_completion" and len(plain.choices) == 1
+    assert plain.usage.completion_tokens == 12 or plain.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model=server.model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert all(c.usage is None for c in chunks)
+
+
+def test_chat_stream_equals_plain(server):
+    client = server.openai()
+    plain = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=12, temperature=0)
+    msg = plain.choices[0].message
+    assert msg.role == "assistant" and msg.content
+    assert plain.usage.prompt_tokens > 0 and plain.usage.prompt_tokens_details.cached_tokens >= 0
+    stream = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == msg.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == plain.choices[0].finish_reason
+
+
+def test_max_completion_tokens_and_logprobs(server):
+    client = server.openai()
+    r = client.chat.completions.create(model=server.model, messages=MESSAGES, max_completion_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    assert r.usage.completion_tokens <= 4
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for tok in content:
+        assert tok.logprob <= 0 and len(tok.top_logprobs) == 3
+        assert tok.top_logprobs[0].logprob >= tok.top_logprobs[-1].logprob
+    c = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2,
+                                  echo=True)
+    lp = c.choices[0].logprobs
+    assert c.choices[0].text.startswith(PROMPT)
+    assert lp.token_logprobs[0] is None and len(lp.tokens) == c.usage.prompt_tokens + c.usage.completion_tokens
+    assert "".join(lp.tokens[:c.usage.prompt_tokens]) == PROMPT
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+
+def test_models_and_errors(server):
+    client = server.openai()
+    models = client.models.list()
+    assert [m.id for m in models.data] == [server.model]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="not-a-model", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=server.model, prompt="x", max_tokens=server.max_model_len + 1)
+    assert str(server.max_model_len) in str(e.value)
