@@ -99,8 +99,11 @@ def run_aiperf(a: argparse.Namespace, url: str, model: str, out_dir: str, name: 
     cmd = [a.aiperf, "profile", "--url", url, "--model", model, "--tokenizer", tokenizer, "--endpoint-type",
            "completions", "--streaming", "--isl", str(a.isl), "--osl", str(a.osl), "--concurrency", str(conc),
            "--request-count", str(n), "--warmup-request-count", str(warm), "--extra-inputs", "ignore_eos:true",
-           "--use-server-token-count", "--artifact-dir", art, "--random-seed", "0"] + a.aiperf_extra.split()
-    done = subprocess.run(cmd, cwd=out_dir, env={**os.environ, **OFFLINE}, capture_output=True, text=True)
+           "--use-server-token-count", "--artifact-dir", art, "--random-seed", "0", "--ui-type", "none",
+           "--no-server-metrics", "--no-gpu-telemetry"] + a.aiperf_extra.split()
+    # not OFFLINE: AIPerf 0.13's offline mode resolves --tokenizer only as a hub-cache name, never a local path
+    env = {k: v for k, v in os.environ.items() if k not in OFFLINE}
+    done = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"aiperf failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     path = next(os.path.join(d, f) for d, _, fs in os.walk(art) for f in fs if f == "profile_export_aiperf.json")
@@ -141,15 +144,19 @@ def part_fake(a: argparse.Namespace, tok: str) -> tuple[str, bool]:
 
 
 def part_real(a: argparse.Namespace, tok: str) -> str:
-    port = free_port()
-    log = open(os.path.join(a.out, "ladle-serve.log"), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "ladle", "serve", "--port", str(port), "--max-model-len", "2048",
-                             "--kv-cache-memory-bytes", "512M", "--uvicorn-log-level", "warning"] + a.serve_extra.split(),
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc = log = None
+    if a.real_url:
+        url = a.real_url.rstrip("/")
+    else:
+        port = free_port()
+        log = open(os.path.join(a.out, "ladle-serve.log"), "w")
+        proc = subprocess.Popen([sys.executable, "-m", "ladle", "serve", "--port", str(port), "--max-model-len",
+                                 "2048", "--kv-cache-memory-bytes", "512M", "--uvicorn-log-level", "warning"]
+                                + a.serve_extra.split(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, proc, 600, "/health")
     rows = []
     try:
-        wait_ready(url, proc, 600, "/health")
         model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
         lads, aips = [], []
         for rep in range(a.reps):
@@ -159,12 +166,13 @@ def part_real(a: argparse.Namespace, tok: str) -> str:
         med = lambda xs: {m: statistics.median(x[m] for x in xs) for m in ("ttft", "tpot")}  # noqa: E731
         rows.append((f"median of {a.reps}", med(lads), med(aips)))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
     return table(f"Real `ladle serve` (default model, CPU), concurrency 1, ISL {a.isl}, OSL {a.osl}, "
                  f"{a.real_requests} requests per repetition", rows)
 
@@ -186,6 +194,7 @@ def main() -> int:
     ap.add_argument("--real-requests", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--real-url", default=None, help="an already running `ladle serve` (default: start one)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     tok = ensure_tokenizer(a.tokenizer_dir)

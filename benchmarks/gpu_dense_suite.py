@@ -150,8 +150,9 @@ def bench_decode(shape_name, batch, ctx, bw):
     from ladle.kernels import paged_attention_ref
     err = rel_err(outs[0][:n], paged_attention_ref(qs[0][:n], kc, vc, sub, scale).float())
     fns = [lambda i=i: paged_attention(qs[i], kc, vc, mds[i], scale, out=outs[i]) for i in range(r)]
-    splits = choose_num_splits(batch, hkv, nblk, bs, default_decode_config(d, bs, False)["TILE_N"],
-                               torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = choose_num_splits(batch, hkv, nblk, bs, default_decode_config(d, bs, False, batch, hkv, sms)["TILE_N"],
+                               sms)
     row("attn_decode", f"{shape_name} B={batch} ctx={ctx} x{r}", time_graph_us(fns), time_single_us(fns[0]),
         per_call, "GB/s", bw, err, num_splits=splits)
     del kc, vc

@@ -182,13 +182,13 @@ def run_msa(batch, prefill, bw, fl):
     if not prefill and batch >= 32:
         stage_breakdown(c, sels, outs, label, idx_bytes, attn_bytes, bw, fl)
     if not prefill and batch >= 32:  # split-count sweep (shape constants only; reported, not auto-applied)
-        for ns, nw, st in [(ns, nw, st) for ns in (2, 4, 8) for nw in (4, 8) for st in (2, 3)]:
+        for ns, nw, st in [(ns, 4, st) for ns in (2, 4, 8, 16) for st in (1, 2)]:
             fns = [lambda i=i: msa_sparse_attention_triton(c["q"][i], c["kc"], c["vc"], c["tables"][i], sels[i],
                                                              c["positions"], c["qsl"], num_splits=ns, out=outs[i],
                                                              num_warps=nw, num_stages=st) for i in range(R)]
             add_row("msa_sparse_attn", label + f" splits={ns} w{nw} s{st}", time_single_us(fns[0]),
                     time_graph_us(fns), attn_bytes, 0, "-", "sweep", bw, fl)
-        for ns, nw, st in [(None, 4, 2), (None, 4, 4), (None, 8, 3), (8, 4, 3), (32, 4, 3)]:
+        for ns, nw, st in [(None, 4, 2), (8, 4, 2), (32, 4, 2)]:
             fns = [lambda i=i: msa_indexer_triton(c["qi"][i], c["kic"], c["tables"][i], c["positions"], c["qsl"],
                                                     TOPK, out=sels[i], num_splits=ns, num_warps=nw, num_stages=st)
                    for i in range(R)]
@@ -208,7 +208,8 @@ def stage_breakdown(c, sels, outs, label, idx_bytes, attn_bytes, bw, fl):
     B, nb = c["tables"][0].shape
     scores = torch.randn(HKV, T, nb, device="cuda")
     fns = [lambda i=i: _index_topk_kernel[(T, HKV)](scores, c["positions"], c["qsl"], sels[i], B, T, nb,
-                                                    BLOCK_SIZE=BS, TOPK=TOPK, TOPK_P2=TOPK, NB_P2=nb, num_warps=4)
+                                                    BLOCK_SIZE=BS, TOPK=TOPK, TOPK_P2=TOPK, NB_P2=nb, RANK_SELECT=nb <= 128,
+                                                    num_warps=4)
            for i in range(R)]
     add_row("  idx topk only", label, time_single_us(fns[0]), time_graph_us(fns), 0, 0, "-", "breakdown", bw, fl)
     ns = default_num_splits(T, HKV, TOPK, torch.device("cuda"))
@@ -307,8 +308,8 @@ def main():
     W = moe_weights()
     small = [MoETileConfig(16, 32, 64, 128, 4, 4), MoETileConfig(16, 64, 128, 128, 4, 4),
              MoETileConfig(16, 32, 128, 128, 4, 5), MoETileConfig(16, 32, 64, 128, 8, 4)]
-    large = [MoETileConfig(128, 128, 128, 64, 8, 3), MoETileConfig(128, 128, 128, 64, 8, 4),
-             MoETileConfig(128, 128, 256, 64, 8, 3), MoETileConfig(128, 64, 128, 64, 8, 4)]
+    large = [MoETileConfig(128, 128, 128, 64, 8, 3), MoETileConfig(128, 128, 256, 64, 8, 3),
+             MoETileConfig(128, 128, 256, 64, 8, 4), MoETileConfig(64, 128, 256, 64, 8, 3)]
     for M in (1, 32, 128):
         guarded(run_moe, M, W, bw, fl, [select_config(M)] + ([] if args.quick else [c for c in small if c != select_config(M)]))
     guarded(run_moe, 8192, W, bw, fl, [select_config(8192)] + ([] if args.quick else [c for c in large if c != select_config(8192)]))

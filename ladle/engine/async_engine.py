@@ -136,9 +136,7 @@ class AsyncEngine(EngineClient):
                 if not self._drain_inbox(block):
                     break
                 if self.core.has_unfinished_requests():
-                    outputs = self.core.step()
-                    self._publish_stats()  # before clients see the outputs
-                    self._dispatch(outputs)
+                    self._dispatch(self.core.step())
                 self._publish_stats()
             self._abort_everything("the engine is shutting down", FINISH_ABORT)
         except BaseException as exc:  # noqa: BLE001 — the loop died: fail every stream, report unhealthy
@@ -174,6 +172,12 @@ class AsyncEngine(EngineClient):
             else:
                 ack.set_exception(exc)
 
+        def answer(exc: Optional[BaseException]) -> None:
+            try:
+                loop.call_soon_threadsafe(resolve, exc)
+            except RuntimeError:  # the caller's loop is closed
+                pass
+
         try:
             child_ids = self._processor.add_request(parent_id, prompt_ids, params)
             requests = [self.core.make_request(c, prompt_ids, child_params(params, i))
@@ -181,29 +185,28 @@ class AsyncEngine(EngineClient):
             self.core.add_requests(requests)
         except Exception as exc:  # noqa: BLE001 — RequestRejected and friends go back to the caller
             self._processor.remove_request(parent_id)
-            loop.call_soon_threadsafe(resolve, exc)
+            answer(exc)
             return
         if parent_id not in self._streams:  # cancelled before the add was applied
             self._abort(parent_id)
-        loop.call_soon_threadsafe(resolve, None)
+        answer(None)
 
     def _abort(self, parent_id: str) -> None:
         child_ids = self._processor.child_ids(parent_id)
         if not child_ids:
             return
-        outputs = self.core.abort_requests(child_ids)
-        self._publish_stats()
-        self._dispatch(outputs)
+        self._dispatch(self.core.abort_requests(child_ids))
 
     def _dispatch(self, engine_outputs: list) -> None:
         processed = self._processor.process(engine_outputs)
         for child, stop in processed.stop_hits:
             self.core.finish_requests([child], FINISH_STOP, stop)  # echo ignored by the processor
         for ro in processed.request_outputs:
-            if ro.finished:
-                for co in ro.outputs:
-                    if co.finish_reason:
-                        self._success[co.finish_reason] = self._success.get(co.finish_reason, 0) + 1
+            for co in ro.outputs:
+                if co.finish_reason:
+                    self._success[co.finish_reason] = self._success.get(co.finish_reason, 0) + 1
+        self._publish_stats()  # before clients see the outputs
+        for ro in processed.request_outputs:
             stream = self._streams.get(ro.request_id)
             if stream is not None:
                 stream.put(ro)

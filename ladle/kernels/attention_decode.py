@@ -111,12 +111,17 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int, block_s
     return max(1, splits)
 
 
-def default_decode_config(head_dim: int, block_size: int, on_cpu: bool) -> dict:
+def default_decode_config(head_dim: int, block_size: int, on_cpu: bool, num_seqs: int = 1, num_kv_heads: int = 1,
+                          num_sms: int = 132) -> dict:
+    """Launch config from shapes only (so a captured graph keeps it). H200 measurements, 8K contexts
+    (benchmarks/gpu_dense_suite.py): while the grid needs splits to fill the chip, TILE_N=64 keeps more K/V loads
+    in flight per SM (SmolLM2 shapes, B=32: 72-82% of copy bandwidth vs 65% with 128); once (sequence, KV head)
+    pairs alone give >= 2 programs per SM, TILE_N=128 streams better (B=128: 90-92% vs 76% with 64). For D=128
+    with one KV head (an M3 dense rank) the two were within 2%."""
     if on_cpu:
         return {"TILE_N": 16, "num_warps": 4, "num_stages": 1}
-    # H200 sweep (benchmarks/gpu_dense_suite.py, 8K contexts, B=32): TILE_N=64 gave 82% of copy bandwidth for
-    # SmolLM2 shapes (D=64, 3 KV heads; 65% with 128) and 70% for one M3 dense rank (D=128, 1 KV head).
-    return {"TILE_N": 64, "num_warps": 4, "num_stages": 3}
+    tile_n = 128 if num_seqs * num_kv_heads >= 2 * num_sms else 64
+    return {"TILE_N": tile_n, "num_warps": 4, "num_stages": 3}
 
 
 def _num_sms(device: torch.device) -> int:

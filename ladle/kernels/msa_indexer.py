@@ -24,8 +24,9 @@ call can be captured in a CUDA graph):
      [block_size, D] index-K page through the block table once for all BLOCK_Q tokens x num_kv_heads rows (the
      index-K cache has ONE shared head), does one tl.dot and max-pools over the block, writing
      scores [Hkv, T, max_blocks] fp32. Decode (1 token per request) gets its parallelism from NUM_SPLITS.
-  2. `_index_topk_kernel`, grid (T, Hkv): forces the local block, masks invisible blocks, and extracts the top-k by
-     repeated argmax (lowest id among equal scores), writing the layout above.
+  2. `_index_topk_kernel`, grid (T, Hkv): forces the local block, masks invisible blocks, and selects the top-k
+     (lowest id among equal scores) writing the layout above: for <= 128 blocks (16K context at block 128) by a
+     one-pass rank count (an [N, N] comparison; no serial loop), beyond that by repeated argmax.
 """
 
 from __future__ import annotations
@@ -66,20 +67,37 @@ def _find_request(qsl_ptr, pid, num_reqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _find_request_vec(qsl_ptr, pid, num_reqs, BLOCK_Q: tl.constexpr, REQS_P2: tl.constexpr):
+    """Same as `_find_request` with one vector load of query_start_loc instead of a chain of log2(B) dependent
+    scalar loads (the chain dominated short decode programs). Returns (r, qsl[r], qsl[r+1])."""
+    idx = tl.arange(0, REQS_P2)
+    ok = idx <= num_reqs
+    qs = tl.load(qsl_ptr + idx, mask=ok, other=0)
+    v = qs // BLOCK_Q + idx
+    r = tl.sum((ok & (v <= pid)).to(tl.int32), axis=0) - 1
+    q_start = tl.sum(tl.where(idx == r, qs, 0), axis=0)
+    q_end = tl.sum(tl.where(idx == r + 1, qs, 0), axis=0)
+    return r, q_start, q_end
+
+
+@triton.jit
 def _index_score_kernel(
     q_ptr, k_ptr, bt_ptr, pos_ptr, qsl_ptr, score_ptr,
     num_reqs, num_tokens, max_blocks,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_bt,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    r = _find_request(qsl_ptr, pid, num_reqs, BLOCK_Q)
+    if REQS_P2 <= 4096:
+        r, q_start, q_end = _find_request_vec(qsl_ptr, pid, num_reqs, BLOCK_Q, REQS_P2)
+    else:
+        r = _find_request(qsl_ptr, pid, num_reqs, BLOCK_Q)
+        q_start = tl.load(qsl_ptr + r, mask=r < num_reqs, other=0)
+        q_end = tl.load(qsl_ptr + r + 1, mask=r < num_reqs, other=0)
     if r >= num_reqs:
         return
-    q_start = tl.load(qsl_ptr + r)
-    q_end = tl.load(qsl_ptr + r + 1)
     tile = pid - (q_start // BLOCK_Q + r)
     t0 = q_start + tile * BLOCK_Q
     if t0 >= q_end:
@@ -120,6 +138,7 @@ def _index_topk_kernel(
     score_ptr, pos_ptr, qsl_ptr, out_ptr,
     num_reqs, num_tokens, max_blocks,
     BLOCK_SIZE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NB_P2: tl.constexpr,
+    RANK_SELECT: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -133,13 +152,26 @@ def _index_topk_kernel(
     s = tl.load(row + bid, mask=bid < n_vis, other=float("-inf"))
     s = tl.where(bid == n_vis - 1, float("inf"), s)  # forced local block
     slot = tl.arange(0, TOPK_P2)
-    sel = tl.full([TOPK_P2], -1, tl.int32)
-    for i in tl.static_range(TOPK):
-        best = tl.max(s, axis=0)
-        idx = tl.min(tl.where(s == best, bid, NB_P2), axis=0)  # lower block id wins ties
-        dst = tl.where(i == 0, n_valid - 1, i - 1)  # local block (found first) goes to the last valid slot
-        sel = tl.where((slot == dst) & (i < n_valid), idx, sel)
-        s = tl.where(bid == idx, float("-inf"), s)
+    if RANK_SELECT:
+        # one pass, no serial loop: rank_j = #{i : s_i > s_j, or s_i == s_j and i < j} (lower id wins ties);
+        # rank 0 is the local block (the only +inf), which goes to the last valid slot
+        bid_i = tl.arange(0, NB_P2)
+        s_i = tl.load(row + bid_i, mask=bid_i < n_vis, other=float("-inf"))
+        s_i = tl.where(bid_i == n_vis - 1, float("inf"), s_i)
+        better = (s_i[:, None] > s[None, :]) | ((s_i[:, None] == s[None, :]) & (bid_i[:, None] < bid[None, :]))
+        rank = tl.sum(better.to(tl.int32), axis=0)  # [NB_P2] over j
+        dst = tl.where(rank == 0, n_valid - 1, rank - 1)
+        dst = tl.where(rank < n_valid, dst, -1)
+        hit = dst[None, :] == slot[:, None]  # [TOPK_P2, NB_P2]
+        sel = tl.sum(tl.where(hit, bid[None, :] + 1, 0), axis=1) - 1
+    else:
+        sel = tl.full([TOPK_P2], -1, tl.int32)
+        for i in tl.static_range(TOPK):
+            best = tl.max(s, axis=0)
+            idx = tl.min(tl.where(s == best, bid, NB_P2), axis=0)  # lower block id wins ties
+            dst = tl.where(i == 0, n_valid - 1, i - 1)  # local block (found first) goes to the last valid slot
+            sel = tl.where((slot == dst) & (i < n_valid), idx, sel)
+            s = tl.where(bid == idx, float("-inf"), s)
     tl.store(out_ptr + (h.to(tl.int64) * num_tokens + t) * TOPK + slot, sel, mask=slot < TOPK)
 
 
@@ -212,18 +244,20 @@ def msa_indexer_triton(
     if T == 0:
         return out
     positions = positions.to(torch.int64)
+    nb_p2 = triton.next_power_of_2(max_blocks)
     grid = (triton.cdiv(T, block_q) + B, num_splits)
     _index_score_kernel[grid](
         index_q, index_k_cache, block_table, positions, query_start_loc, scores,
         B, T, max_blocks,
         index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
         NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
+        REQS_P2=triton.next_power_of_2(B + 1),
         FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), num_warps=num_warps, num_stages=num_stages,
     )
     _index_topk_kernel[(T, H)](
         scores, positions, query_start_loc, out, B, T, max_blocks,
         BLOCK_SIZE=bs, TOPK=topk, TOPK_P2=triton.next_power_of_2(topk),
-        NB_P2=triton.next_power_of_2(max_blocks), num_warps=4,
+        NB_P2=nb_p2, RANK_SELECT=nb_p2 <= 128, num_warps=4,
     )
     return out
 

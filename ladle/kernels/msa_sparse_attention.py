@@ -52,18 +52,30 @@ def _token_request(qsl_ptr, t, num_reqs):
 
 
 @triton.jit
+def _token_request_vec(qsl_ptr, t, num_reqs, REQS_P2: tl.constexpr):
+    """`_token_request` with one vector load instead of log2(B) dependent scalar loads."""
+    idx = tl.arange(0, REQS_P2)
+    ok = (idx >= 1) & (idx <= num_reqs)
+    qs = tl.load(qsl_ptr + idx, mask=ok, other=0)
+    return tl.sum((ok & (qs <= t)).to(tl.int32), axis=0)
+
+
+@triton.jit
 def _sparse_attn_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, sel_ptr, pos_ptr, qsl_ptr, out_ptr, pacc_ptr, pml_ptr,
     num_reqs, num_tokens, sm_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SLOTS_PER_SPLIT: tl.constexpr,
-    FP32_IEEE: tl.constexpr,
+    FP32_IEEE: tl.constexpr, EARLY_V: tl.constexpr, REQS_P2: tl.constexpr,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
-    r = _token_request(qsl_ptr, t, num_reqs)
+    if REQS_P2 <= 4096:
+        r = _token_request_vec(qsl_ptr, t, num_reqs, REQS_P2)
+    else:
+        r = _token_request(qsl_ptr, t, num_reqs)
     pos = tl.load(pos_ptr + t)
     sel_row = sel_ptr + (g.to(tl.int64) * num_tokens + t) * TOPK
     slots = tl.arange(0, TOPK_P2)
@@ -91,7 +103,8 @@ def _sparse_attn_kernel(
         b = tl.sum(tl.where(slots == k, sel, 0), axis=0)
         page = tl.sum(tl.where(slots == k, pages, 0), axis=0)
         kt = tl.load(k_ptr + page * stride_kb + kv_off)
-        vt = tl.load(v_ptr + page * stride_kb + kv_off)  # issued with K: both tiles in flight together
+        if EARLY_V:  # decode: issue V with K so both tiles are in flight together (few iterations per program)
+            vt = tl.load(v_ptr + page * stride_kb + kv_off)
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
@@ -104,6 +117,8 @@ def _sparse_attn_kernel(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if not EARLY_V:
+            vt = tl.load(v_ptr + page * stride_kb + kv_off)
         if FP32_IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
                                                 input_precision="ieee")
@@ -144,10 +159,12 @@ def _merge_kernel(pacc_ptr, pml_ptr, out_ptr, num_heads, stride_ot, stride_oh,
 
 
 def default_num_splits(num_tokens: int, num_kv_heads: int, topk: int, device: torch.device) -> int:
-    """Splits over the top-k slots from shape constants only: ~4 programs per SM, power of two, <= topk."""
+    """Splits over the top-k slots from shape constants only: the largest power of two with about 2 programs
+    per SM, at most topk/2 (H200 sweep in benchmarks/gpu_m3_suite.py: B=32 -> 8, B=128 -> 2)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = triton.cdiv(4 * sms, max(num_tokens * num_kv_heads, 1))
-    return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(topk) // 2 or 1, 16))
+    want = max(1, (2 * sms) // max(num_tokens * num_kv_heads, 1))
+    prev_p2 = 1 << (want.bit_length() - 1)
+    return max(1, min(prev_p2, triton.next_power_of_2(topk) // 2 or 1))
 
 
 def msa_sparse_attention_ineligible(q: torch.Tensor, key_cache: torch.Tensor) -> Optional[str]:
@@ -175,7 +192,7 @@ def msa_sparse_attention_triton(
     num_splits: Optional[int] = None,
     out: Optional[torch.Tensor] = None,  # [T, Hq, D] q.dtype
     num_warps: Optional[int] = None,
-    num_stages: int = 2,
+    num_stages: Optional[int] = None,  # default: 1 for split decode (occupancy), 2 otherwise
 ) -> torch.Tensor:
     """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation)."""
     check_cache_pair(key_cache, value_cache)
@@ -218,8 +235,8 @@ def msa_sparse_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
         TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
-        FP32_IEEE=q.dtype == torch.float32 or interpreting(), num_warps=num_warps or (8 if big else 4),
-        num_stages=num_stages,
+        FP32_IEEE=q.dtype == torch.float32 or interpreting(), EARLY_V=num_splits > 1, REQS_P2=triton.next_power_of_2(B + 1),
+        num_warps=num_warps or (8 if big else 4), num_stages=num_stages or (1 if num_splits > 1 else 2),
     )
     if num_splits > 1:
         _merge_kernel[(T, Hq)](pacc, pml, out, Hq, out.stride(0), out.stride(1),

@@ -12,6 +12,7 @@ profiled and the cache gets `gpu_memory_utilization * total - (peak torch memory
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import Optional, Sequence
 
@@ -67,6 +68,23 @@ class ModelRunner:
         logger.info("KV cache: %d blocks x %d tokens (%.1f MiB, %d bytes/block)", self.num_blocks,
                     self.block_size, self.kv_cache_bytes / 2**20,
                     bytes_per_block(self.kv_cache_specs, self.block_size, self.dtype))
+        self.graphs = self._maybe_capture_graphs()
+
+    def _maybe_capture_graphs(self):
+        """Decode CUDA graphs (ladle/runner/cuda_graph.py) on CUDA with the graph-safe Triton attention,
+        unless --enforce-eager. None means every step runs eagerly."""
+        if self.device.type != "cuda" or self.runner_config.enforce_eager or self.attn_backend != "triton":
+            return None
+        if importlib.util.find_spec("ladle.kernels.paged_attention") is None:
+            logger.warning("no Triton paged attention kernel: CUDA graphs disabled")
+            return None
+        from ladle.runner.cuda_graph import CudaGraphRunner
+
+        graphs = CudaGraphRunner(self.model, self.kv_caches, max_batch_size=self.scheduler_config.max_num_seqs,
+                                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+                                 block_size=self.block_size, device=self.device, attn_backend=self.attn_backend)
+        graphs.capture()
+        return graphs
 
     # ---- capacity ----------------------------------------------------------------------------------
 
@@ -118,6 +136,10 @@ class ModelRunner:
     # ---- step --------------------------------------------------------------------------------------
 
     def _forward(self, batch: BatchInputs, kv_caches) -> torch.Tensor:
+        """hidden states [T, H]: a CUDA-graph replay for eligible decode steps, else eager."""
+        graphs = getattr(self, "graphs", None)
+        if graphs is not None and kv_caches is self.kv_caches and graphs.can_run(batch.attn_metadata):
+            return graphs.run(batch.input_ids, batch.positions, batch.attn_metadata)
         ctx = ForwardContext(attn_metadata=batch.attn_metadata, kv_caches=kv_caches, attn_backend=self.attn_backend)
         with set_forward_context(ctx):
             return self.model(batch.input_ids, batch.positions)

@@ -14,6 +14,8 @@ import contextlib
 import dataclasses
 import hmac
 import logging
+import signal
+import sys
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -186,5 +188,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     logger.info("serving %s on http://%s:%d", engine.model_name, server_config.host, server_config.port)
     config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
                             log_level=server_config.log_level, timeout_graceful_shutdown=5, lifespan="on")
+    # uvicorn shuts down gracefully on SIGTERM (lifespan -> engine.shutdown()) and then re-raises the signal
+    # under the handler that was installed before it started: make that one a clean exit (status 0).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     uvicorn.Server(config).run()
     return 0

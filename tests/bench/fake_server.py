@@ -120,17 +120,22 @@ class FakeServer:
         cached = self._cached_tokens(ids)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
+        obj = "chat.completion.chunk" if chat else "text_completion"
         for j, k in enumerate(chunks):
             wait = arrival + ttft + j * gap - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
             text = "".join(f" w{(7 * j + t) % self.vocab_size}" for t in range(k))
+            last = j == len(chunks) - 1
             choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
-            await resp.write(f"data: {json.dumps({'id': 'x', 'choices': [choice]})}\n\n".encode())
+            choice["finish_reason"] = "length" if last else None
+            chunk = {"id": "x", "object": obj, "created": 0, "model": body.get("model"), "choices": [choice]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if script.get("usage", True):
             usage = {"prompt_tokens": len(ids), "completion_tokens": sum(chunks),
                      "total_tokens": len(ids) + sum(chunks), "prompt_tokens_details": {"cached_tokens": cached}}
-            await resp.write(f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode())
+            chunk = {"id": "x", "object": obj, "created": 0, "model": body.get("model"), "choices": [], "usage": usage}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         record["finish"] = time.perf_counter()
         await resp.write_eof()

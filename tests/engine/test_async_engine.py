@@ -105,10 +105,11 @@ def test_rejection_before_first_output_and_duplicate_ids(model):
         try:
             with pytest.raises(RequestRejected, match="64"):
                 await engine.generate([1] * 60, SamplingParams(max_tokens=10)).__anext__()
-            gen = engine.generate([1, 2], LONG, request_id="same")
+            params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+            gen = engine.generate([1, 2], params, request_id="same")
             await gen.__anext__()
             with pytest.raises(RequestRejected):
-                await engine.generate([1, 2], LONG, request_id="same").__anext__()
+                await engine.generate([1, 2], params, request_id="same").__anext__()
             await gen.aclose()
             await _wait_idle(engine)
         finally:

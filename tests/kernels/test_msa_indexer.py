@@ -143,3 +143,15 @@ def test_agrees_with_model_reference_selection():
     theirs = msa.msa_select_blocks(scores, b.positions, BS, topk, 1)
     out = msa_indexer_triton(q, kc, b.block_table, b.positions, b.query_start_loc, topk)
     assert as_sets(out) == as_sets(theirs)
+
+
+def test_long_context_iterative_topk_path():
+    """More than 128 blocks per row switches the top-k from the one-pass rank count to repeated argmax."""
+    torch.manual_seed(8)
+    b = build([(2050, 1), (1500, 1), (200, 1)], BS, max_blocks=130)
+    q = torch.randint(-2, 3, (3, 1, D)).float()
+    kc = torch.randint(-2, 3, (b.num_blocks, BS, D)).float()
+    args = (q, kc, b.block_table, b.positions, b.query_start_loc, 5)
+    out = msa_indexer_triton(*args)
+    assert torch.equal(out, msa_indexer_ref(*args))
+    _check_layout(out, b.positions, 5, 3)

@@ -30,7 +30,7 @@ def fake_server():
 
 
 @pytest.fixture(scope="session")
-def real_server():
+def real_server(tmp_path_factory):
     if os.environ.get("LADLE_TEST_SERVER_URL"):  # reuse a running `ladle serve` (development)
         url = os.environ["LADLE_TEST_SERVER_URL"]
         model = httpx.get(url + "/v1/models").json()["data"][0]
@@ -39,7 +39,7 @@ def real_server():
     if importlib.util.find_spec("ladle.engine.async_engine") is None:
         pytest.skip("ladle.engine.async_engine is not written yet")
     port = free_port()
-    log = open(os.path.join(os.environ.get("PYTEST_TMP", "/tmp"), f"ladle-serve-{port}.log"), "w+")
+    log = open(tmp_path_factory.mktemp("serve") / "ladle-serve.log", "w+")
     cmd = [sys.executable, "-m", "ladle", "serve", "--port", str(port), "--max-model-len", str(REAL_MAX_MODEL_LEN),
            "--kv-cache-memory-bytes", "512M", "--uvicorn-log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -52,12 +52,16 @@ def real_server():
         raise RuntimeError("`ladle serve` did not start; its log:\n" + log.read()[-5000:])
     model = httpx.get(url + "/v1/models").json()["data"][0]
     yield Server("real", url, model["id"], model["max_model_len"])
-    proc.terminate()
+    proc.terminate()  # SIGTERM: uvicorn stops, the lifespan shuts the engine down, exit status 0
     try:
-        proc.wait(timeout=30)
+        status = proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+        status = "no exit within 30 s"
+    log.seek(0)
+    tail = log.read()[-3000:]
     log.close()
+    assert status == 0, f"`ladle serve` did not exit cleanly on SIGTERM ({status}); log:\n{tail}"
 
 
 @pytest.fixture(params=["fake", "real"])
