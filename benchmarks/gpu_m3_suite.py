@@ -260,15 +260,14 @@ def run_moe(M, W, bw, fl, configs):
 
 def moe_config_row(cfg, M, xs, routes, w13, w2, ref, label, distinct, prefill, nbytes, flops, target, bw, fl):
     """Time one tile config of the fused MoE and add its row."""
-    if True:  # (kept as a block for readability of the diff)
-        fns = [lambda x=x, r=r: fused_moe_triton(x, w13, w2, r[0], r[1], config=cfg) for x, r in zip(xs, routes)]
-        out = fns[0]()
-        torch.cuda.synchronize()
-        err = rel_err(out.float(), ref.float())
-        tag = "default" if cfg == select_config(M) else "sweep"
-        add_row("fused_moe", f"{label} experts={distinct} {tag} {cfg.block_m}/{cfg.block_n1}/{cfg.block_n2}/"
-                f"{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}", time_single_us(fns[0]), time_graph_us(fns),
-                0 if prefill else nbytes, flops, f"rel {err:.2e}", target, bw, fl)
+    fns = [lambda x=x, r=r: fused_moe_triton(x, w13, w2, r[0], r[1], config=cfg) for x, r in zip(xs, routes)]
+    out = fns[0]()
+    torch.cuda.synchronize()
+    err = rel_err(out.float(), ref.float())
+    tag = "default" if cfg == select_config(M) else "sweep"
+    add_row("fused_moe", f"{label} experts={distinct} {tag} {cfg.block_m}/{cfg.block_n1}/{cfg.block_n2}/"
+            f"{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}", time_single_us(fns[0]), time_graph_us(fns),
+            0 if prefill else nbytes, flops, f"rel {err:.2e}", target, bw, fl)
 
 
 def guarded(fn, *args):

@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover
     _dispatch = None
 
 OP = "msa_indexer"
+VEC_SEARCH_MAX_REQS = 4096  # up to this many requests, find a tile's request with one vector load
 if _dispatch is not None:
     _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and index dim")
 
@@ -87,10 +88,11 @@ def _index_score_kernel(
     stride_qt, stride_qh, stride_kb, stride_ks, stride_bt,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
+    VEC_SEARCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    if REQS_P2 <= 4096:
+    if VEC_SEARCH:
         r, q_start, q_end = _find_request_vec(qsl_ptr, pid, num_reqs, BLOCK_Q, REQS_P2)
     else:
         r = _find_request(qsl_ptr, pid, num_reqs, BLOCK_Q)
@@ -251,7 +253,7 @@ def msa_indexer_triton(
         B, T, max_blocks,
         index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
         NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
-        REQS_P2=triton.next_power_of_2(B + 1),
+        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=B < VEC_SEARCH_MAX_REQS,
         FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), num_warps=num_warps, num_stages=num_stages,
     )
     _index_topk_kernel[(T, H)](

@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover
     _dispatch = None
 
 OP = "msa_sparse_attention"
+VEC_SEARCH_MAX_REQS = 4096  # up to this many requests, find a token's request with one vector load
 if _dispatch is not None:
     _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
 
@@ -68,11 +69,12 @@ def _sparse_attn_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SLOTS_PER_SPLIT: tl.constexpr,
     FP32_IEEE: tl.constexpr, EARLY_V: tl.constexpr, REQS_P2: tl.constexpr,
+    VEC_SEARCH: tl.constexpr,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
-    if REQS_P2 <= 4096:
+    if VEC_SEARCH:
         r = _token_request_vec(qsl_ptr, t, num_reqs, REQS_P2)
     else:
         r = _token_request(qsl_ptr, t, num_reqs)
@@ -235,7 +237,8 @@ def msa_sparse_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
         TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
-        FP32_IEEE=q.dtype == torch.float32 or interpreting(), EARLY_V=num_splits > 1, REQS_P2=triton.next_power_of_2(B + 1),
+        FP32_IEEE=q.dtype == torch.float32 or interpreting(), EARLY_V=num_splits > 1,
+        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=B < VEC_SEARCH_MAX_REQS,
         num_warps=num_warps or (8 if big else 4), num_stages=num_stages or (1 if num_splits > 1 else 2),
     )
     if num_splits > 1:

@@ -150,7 +150,7 @@ class ModelRunner:
         for rid in out.preempted_request_ids:
             self.requests.pop(rid, None)
         for new in out.new_requests:
-            self.requests[new.request_id] = RequestState.from_new(new, self.eos_token_ids)
+            self.requests[new.request_id] = RequestState.from_new(new, self.eos_token_ids, self.sampler.draw_seed())
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:

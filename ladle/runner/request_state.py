@@ -24,13 +24,17 @@ class RequestState:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     sampling_params: SamplingParams
+    sample_seed: int = 0  # the request's seed (folded to int64), or one drawn by the engine when unseeded
     banned_before_min: list[int] = field(default_factory=list)  # ids masked while outputs < min_tokens
 
     @classmethod
-    def from_new(cls, new: NewRequestData, eos_token_ids: Sequence[int]) -> "RequestState":
+    def from_new(cls, new: NewRequestData, eos_token_ids: Sequence[int],
+                 unseeded_seed: int = 0) -> "RequestState":
+        """`unseeded_seed`: used when sampling_params.seed is None (the runner draws it from its generator)."""
         sp = new.sampling_params
         banned = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
-        return cls(new.request_id, list(new.prompt_token_ids), list(new.output_token_ids), sp,
+        seed = _fold_seed(sp.seed) if sp.seed is not None else _fold_seed(unseeded_seed)
+        return cls(new.request_id, list(new.prompt_token_ids), list(new.output_token_ids), sp, seed,
                    sorted(set(banned)))
 
     def token_at(self, position: int) -> int:
@@ -59,7 +63,6 @@ def build_sampling_tensors(states: list[RequestState], positions: list[int], voc
     sps = [s.sampling_params for s in states]
     temps = [float(sp.temperature) for sp in sps]
     top_k = [vocab_size if sp.top_k is None or sp.top_k < 1 else min(sp.top_k, vocab_size) for sp in sps]
-    seeded = [sp.seed is not None for sp in sps]
     has_pen = any(s.has_penalties for s in states)
     banned = [s.banned_before_min if len(s.output_token_ids) < s.sampling_params.min_tokens else []
               for s in states]
@@ -78,15 +81,12 @@ def build_sampling_tensors(states: list[RequestState], positions: list[int], voc
         presence_penalty=f32([sp.presence_penalty for sp in sps]),
         frequency_penalty=f32([sp.frequency_penalty for sp in sps]),
         repetition_penalty=f32([sp.repetition_penalty for sp in sps]),
-        seeds=i64([_fold_seed(sp.seed) for sp in sps]),
-        seeded=torch.tensor(seeded, dtype=torch.bool).to(device),
+        seeds=i64([s.sample_seed for s in states]),
         positions=i64(positions),
         prompt_ids=_padded([s.prompt_token_ids for s in states], device) if has_pen else None,
         output_ids=_padded([s.output_token_ids for s in states], device) if has_pen else None,
         banned_ids=_padded(banned, device) if any(banned) else None,
         all_greedy=all(t == 0 for t in temps),
-        any_seeded=any(seeded),
-        all_seeded=all(seeded),
         has_penalties=has_pen,
         has_top_k=any(k < vocab_size for k in top_k),
         has_top_p=any(sp.top_p < 1 for sp in sps),

@@ -5,59 +5,25 @@ sample. Rows with temperature 0 take the argmax of the penalised logits. Logprob
 log-softmax (before penalties and temperature).
 
 No per-request Python loop in the math and no device->host sync: every per-request parameter is a [N]
-tensor built on the host by `SamplingBatch` (`ladle/runner/sampling_batch.py`), and randomness comes from
+tensor built on the host (`request_state.build_sampling_tensors`). Randomness is counter-based: every row
+has a 64-bit seed (the request's `seed`, or for unseeded requests one drawn from the engine's generator when
+the runner first sees the request) and the draw hashes (seed, position, vocab index), so a seeded request
+samples the same tokens at the same positions whatever the batch, and after a preemption.
 
-* seeded rows: a counter-based hash of (seed, position, vocab index) computed with integer tensor ops, so
-  the same seed at the same position always draws the same noise (seeded outputs repeat, and a preempted
-  request that is recomputed samples the same tokens again);
-* unseeded rows: the engine's `torch.Generator` (seeded from `--seed`).
-
-Sampling uses the exponential-race form of the Gumbel-max trick: argmax_i p_i / q_i with q_i ~ Exp(1)
-picks i with probability p_i (source: e.g. vLLM v1 `random_sample`; the identity is
-argmax(log p - log q) = argmax(log p + Gumbel)).
+The draw is `ladle.kernels.sampling.race` (Triton on CUDA, its torch twin elsewhere): the exponential-race
+form of the Gumbel-max trick, argmax_i p_i / q_i with q_i ~ Exp(1) from the hashed uniforms, which picks i
+with probability p_i (Efraimidis & Spirakis 2006).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import random
 from typing import Optional
 
 import torch
 
-_MASK32 = 0xFFFFFFFF
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit avalanche hash (the "lowbias32" finaliser by C. Wellons, constants 0x7feb352d, 0x846ca68b).
-
-    x: int64 tensor holding values in [0, 2^32). Products may wrap past 2^63 in int64; the low 32 bits of a
-    wrapped product are still exact, and we mask to them after every multiply. Returns int64 in [0, 2^32).
-    """
-    x = x & _MASK32
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _MASK32
-    x = x ^ (x >> 16)
-    return x
-
-
-def counter_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Deterministic uniforms in (0, 1) for each (row, vocab index).
-
-    seeds [N] int64 (any value; folded to 64 bits), positions [N] int64 -> [N, vocab_size] float32.
-    Pure function of (seed, position, index): same inputs give the same numbers on any device.
-    """
-    lo = seeds & _MASK32
-    hi = (seeds >> 32) & _MASK32
-    key = _mix32(lo ^ _mix32(hi + 0x9E3779B9))
-    key = _mix32(key ^ _mix32((positions & _MASK32) + 0x85EBCA6B))  # [N]
-    idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    h = _mix32(key[:, None] ^ _mix32(idx[None, :] * 2 + 1))  # [N, V]
-    h = _mix32(h + key[:, None])
-    # Keep 24 bits so the float32 value is exact; +0.5 keeps it strictly inside (0, 1).
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-
+from ladle.kernels.sampling import race
 
 @dataclass
 class SamplingTensors:
@@ -65,7 +31,7 @@ class SamplingTensors:
 
     temperature [N] float32 (0 = greedy); top_k [N] int64 (vocab_size = off); top_p [N] float32;
     min_p [N] float32; presence/frequency/repetition [N] float32;
-    seeds [N] int64 and seeded [N] bool; positions [N] int64 (absolute position of the token being sampled);
+    seeds [N] int64 (every row has one); positions [N] int64 (absolute position of the token being sampled);
     prompt_ids [N, Lp] int64 and output_ids [N, Lo] int64, padded with -1 (only when has_penalties);
     banned_ids [N, Lb] int64 padded with -1: tokens masked to -inf (stop/EOS ids before min_tokens), or None.
     Host flags (Python bools) let whole stages be skipped without looking at device data.
@@ -79,14 +45,11 @@ class SamplingTensors:
     frequency_penalty: torch.Tensor
     repetition_penalty: torch.Tensor
     seeds: torch.Tensor
-    seeded: torch.Tensor
     positions: torch.Tensor
     prompt_ids: Optional[torch.Tensor]
     output_ids: Optional[torch.Tensor]
     banned_ids: Optional[torch.Tensor]
     all_greedy: bool
-    any_seeded: bool
-    all_seeded: bool
     has_penalties: bool
     has_top_k: bool
     has_top_p: bool
@@ -151,12 +114,15 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
 
 
 class Sampler:
-    """Samples one token per row. Stateless apart from the generator for unseeded rows."""
+    """Samples one token per row. Its only state is the host generator that seeds unseeded requests."""
 
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = torch.device(device)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
+        self._host_rng = random.Random(seed)
+
+    def draw_seed(self) -> int:
+        """A fresh seed for an unseeded request (from the engine's generator, seeded by --seed)."""
+        return self._host_rng.getrandbits(63)
 
     def process_logits(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         """Penalties, banned ids, temperature, min_p, top_k, top_p. logits [N, V] float32 -> [N, V] float32
@@ -183,17 +149,8 @@ class Sampler:
         greedy_ids = processed.argmax(dim=-1)
         if t.all_greedy:
             return greedy_ids
-        probs = processed.softmax(dim=-1)
-        n, vocab = probs.shape
-        if t.any_seeded:
-            u = counter_uniform(t.seeds, t.positions, vocab)
-            if not t.all_seeded:
-                r = torch.rand(n, vocab, generator=self.generator, device=probs.device)
-                u = torch.where(t.seeded[:, None], u, r)
-        else:
-            u = torch.rand(n, vocab, generator=self.generator, device=probs.device)
-        q = (-torch.log(u)).clamp_min(1e-20)  # Exp(1) noise
-        random_ids = (probs / q).argmax(dim=-1)
+        probs = processed.softmax(dim=-1).contiguous()
+        random_ids = race(probs, t.seeds, t.positions)
         return torch.where(t.temperature > 0, random_ids, greedy_ids)
 
 

@@ -90,7 +90,7 @@ class ChatHandler:
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt_ids), ctx.max_model_len, None)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = make_sampling_params(req, max(max_tokens, 1), top)
+        params = make_sampling_params(req, max(max_tokens, 1), top, scoring_only=max_tokens == 0)
         run = PromptRun(index=0, prompt_ids=prompt_ids, prompt_text="", params=params,
                         timer=RequestTimer(ctx.metrics))
         return run, (0 if max_tokens == 0 else None)
@@ -106,6 +106,9 @@ class ChatHandler:
         if req.stream:
             try:
                 await start_runs(self.ctx, raw, runs)
+            except ClientDisconnected:
+                await close_runs(self.ctx, runs)
+                return Response(status_code=499)
             except BaseException:
                 await close_runs(self.ctx, runs)
                 raise

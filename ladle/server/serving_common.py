@@ -91,8 +91,11 @@ def resolve_max_tokens(requested: Optional[int], num_prompt_tokens: int, max_mod
 
 
 def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
-                         prompt_logprobs: Optional[int] = None) -> SamplingParams:
-    """SamplingParams from the request's OpenAI/vLLM fields; ValueError becomes a 400."""
+                         prompt_logprobs: Optional[int] = None, scoring_only: bool = False) -> SamplingParams:
+    """SamplingParams from the request's OpenAI/vLLM fields; ValueError becomes a 400.
+
+    scoring_only: the request asked for max_tokens 0 and runs one discarded token (min_tokens ignored).
+    """
     if req.logit_bias:
         raise OpenAIError("not supported yet: logit_bias", 400, "logit_bias")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -108,7 +111,7 @@ def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             seed=req.seed,
             max_tokens=max_tokens,
-            min_tokens=min(req.min_tokens, max_tokens),
+            min_tokens=0 if scoring_only else req.min_tokens,
             stop=tuple(stop),
             stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos,

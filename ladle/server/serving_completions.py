@@ -85,7 +85,8 @@ class CompletionHandler:
         for i, (ids, text) in enumerate(_prompts(ctx, req.prompt)):
             max_tokens = resolve_max_tokens(req.max_tokens, len(ids), ctx.max_model_len, DEFAULT_MAX_TOKENS)
             prompt_lp = req.logprobs if (req.echo and req.logprobs is not None) else None
-            params = make_sampling_params(req, max(max_tokens, 1) if zero else max_tokens, req.logprobs, prompt_lp)
+            params = make_sampling_params(req, max(max_tokens, 1) if zero else max_tokens, req.logprobs, prompt_lp,
+                                          scoring_only=zero)
             runs.append(PromptRun(index=i, prompt_ids=ids, prompt_text=text, params=params,
                                   timer=RequestTimer(ctx.metrics)))
         return runs, zero
@@ -96,6 +97,9 @@ class CompletionHandler:
         if req.stream and not zero:
             try:
                 await start_runs(self.ctx, raw, runs)
+            except ClientDisconnected:
+                await close_runs(self.ctx, runs)
+                return Response(status_code=499)
             except BaseException:
                 await close_runs(self.ctx, runs)
                 raise

@@ -10,13 +10,17 @@ import torch
 from ladle.core.outputs import NewRequestData
 from ladle.core.sampling_params import SamplingParams
 from ladle.runner.request_state import RequestState, build_sampling_tensors
-from ladle.runner.sampler import Sampler, compute_logprobs, counter_uniform, unpack_logprobs
+from ladle.runner.sampler import Sampler, compute_logprobs, unpack_logprobs
 
 V = 50
 
 
+_SEEDS = iter(range(1000, 10**6))
+
+
 def _state(rid, sp, prompt=(1, 2, 3), outputs=()):
-    return RequestState(rid, list(prompt), list(outputs), sp)
+    """Like the runner: the request's seed, or a fresh one for unseeded requests."""
+    return RequestState.from_new(NewRequestData(rid, list(prompt), list(outputs), sp), (), next(_SEEDS))
 
 
 def ref_processed(logits_row, sp, prompt, outputs):
@@ -57,10 +61,9 @@ def ref_processed(logits_row, sp, prompt, outputs):
 
 def _support(sampler, logits, states, trials=400):
     """Set of token ids the sampler ever picks per row over `trials` draws (unseeded rows)."""
-    positions = [10] * len(states)
-    t = build_sampling_tensors(states, positions, V, torch.device("cpu"))
     seen = [set() for _ in states]
-    for _ in range(trials):
+    for trial in range(trials):
+        t = build_sampling_tensors(states, [trial] * len(states), V, torch.device("cpu"))
         ids = sampler.sample(logits, t).tolist()
         for r, i in enumerate(ids):
             seen[r].add(i)
@@ -142,13 +145,19 @@ def test_seeded_rows_repeat_and_differ_by_seed():
     assert col(0) != col(2) and col(2) != col(3), "different seeds gave identical sequences"
 
 
-def test_counter_uniform_is_uniform_and_position_dependent():
-    u = counter_uniform(torch.tensor([5, 5]), torch.tensor([0, 1]), 20000)
-    assert (u > 0).all() and (u < 1).all()
-    assert abs(u[0].mean().item() - 0.5) < 0.01 and abs(u[0].var().item() - 1 / 12) < 0.005
-    assert not torch.equal(u[0], u[1])
-    assert torch.equal(u, counter_uniform(torch.tensor([5, 5]), torch.tensor([0, 1]), 20000))
-    assert counter_uniform(torch.tensor([-3, 2**62]), torch.tensor([0, 0]), 4).shape == (2, 4)
+def test_seeded_row_ignores_batch_composition():
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(3, V, generator=gen)
+    sp = SamplingParams(temperature=1.0, seed=42)
+    alone = _state("a", sp)
+    others = [_state("b", SamplingParams(temperature=0.5)), _state("c", SamplingParams(temperature=1.0, seed=1))]
+    sampler = Sampler(torch.device("cpu"))
+    for pos in range(20):
+        t1 = build_sampling_tensors([alone], [pos], V, torch.device("cpu"))
+        t3 = build_sampling_tensors([others[0], alone, others[1]], [pos] * 3, V, torch.device("cpu"))
+        one = sampler.sample(logits[1:2], t1).item()
+        three = sampler.sample(logits, t3).tolist()
+        assert three[1] == one
 
 
 def test_min_tokens_bans_eos_and_stop_ids():

@@ -32,10 +32,12 @@ def _check_layout(sel: torch.Tensor, positions: torch.Tensor, topk: int, total: 
             assert row[n - 1] == p // BS, f"local block must be last valid: {row}"
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_ragged_integer_scores_exact(num_splits):
+@pytest.mark.parametrize("num_splits,vec_search", [(1, True), (3, False)])
+def test_ragged_integer_scores_exact(num_splits, vec_search, monkeypatch):
     """Small-integer data: every score is exact in fp32, many exact ties; tie rule (lower id wins) is shared, so
     the kernel must equal the reference slot for slot."""
+    import ladle.kernels.msa_indexer as mod
+    monkeypatch.setattr(mod, "VEC_SEARCH_MAX_REQS", 4096 if vec_search else 0)  # else: binary-search path
     torch.manual_seed(1)
     b = build(RAGGED, BS, max_blocks=8, pad_tokens=2)
     T, H, topk = b.num_tokens, 2, 4

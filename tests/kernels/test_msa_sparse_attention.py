@@ -32,9 +32,11 @@ def _selection(b, hkv, topk, seed=0):
     return msa_indexer_ref(qi, kic, b.block_table, b.positions, b.query_start_loc, topk)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_ragged_fp32_vs_reference(num_splits):
+@pytest.mark.parametrize("num_splits,vec_search", [(1, True), (2, False)])
+def test_ragged_fp32_vs_reference(num_splits, vec_search, monkeypatch):
     """Prefill from 0, chunked prefill, decodes at block boundaries, a padding token; two KV groups of 4 heads."""
+    import ladle.kernels.msa_sparse_attention as mod
+    monkeypatch.setattr(mod, "VEC_SEARCH_MAX_REQS", 4096 if vec_search else 0)  # else: binary-search path
     b = build([(0, 20), (60, 6), (15, 1), (16, 1), (100, 1)], BS, max_blocks=8, pad_tokens=1)
     q, kc, vc = _inputs(b, 2, 4)
     sel = _selection(b, 2, topk=3)

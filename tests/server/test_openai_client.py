@@ -65,3 +65,19 @@ def test_models_and_errors(server):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=server.model, prompt="x", max_tokens=server.max_model_len + 1)
     assert str(server.max_model_len) in str(e.value)
+
+
+def test_prefix_cache_hits_in_usage_and_metrics(real_server):
+    """The same long prompt twice: the second request reports cached prompt tokens (whole 16-token blocks), the
+    output does not change, and /metrics counts the hits."""
+    client = real_server.openai()
+    prompt = "Soup is a primarily liquid food, generally served warm or hot. " * 6
+    before = real_server.metrics()
+    first = client.completions.create(model=real_server.model, prompt=prompt, max_tokens=4, temperature=0)
+    second = client.completions.create(model=real_server.model, prompt=prompt, max_tokens=4, temperature=0)
+    after = real_server.metrics()
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 16 <= cached < second.usage.prompt_tokens and cached % 16 == 0
+    assert second.choices[0].text == first.choices[0].text
+    assert after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"] >= cached
+    assert after["vllm:prefix_cache_queries_total"] > before["vllm:prefix_cache_queries_total"]
