@@ -18,6 +18,7 @@ import sys
 from typing import Callable, Optional
 
 from ladle.cli_args import add_config_args, configs_from_args, parse_serve_args
+from ladle.config import env_flag
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -65,14 +66,21 @@ def cmd_generate(argv: list[str]) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0 = greedy)")
     parser.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     add_config_args(parser)
+    parser.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL")
     args = parse_serve_args(parser, argv)
-    # `generate` has its own positional; the MODEL positional of the config is only reachable as --model.
+    _resolve_model(args)
     engine_config, _ = configs_from_args(args)
     from ladle.core.sampling_params import SamplingParams
 
     LLM = _lazy("ladle.engine.llm", "LLM", "the offline LLM API")
     build_engine = _lazy("ladle.engine.engine_factory", "build_engine", "the engine")
-    llm = LLM(bundle=build_engine(engine_config))
+    try:
+        llm = LLM(bundle=build_engine(engine_config))
+    except Exception as e:  # load/config errors carry user-facing messages
+        if env_flag("LADLE_DEBUG"):
+            raise
+        print(f"ladle generate: error: {e}\n(set LADLE_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
     tokenizer = llm.tokenizer
     if args.raw:
         prompt_ids = tokenizer.encode(args.prompt)

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import math
 import time
-from collections import Counter
 from typing import Any
 
 import aiohttp
@@ -204,7 +203,3 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
         path = report.save(args, result, model_id)
         print(f"saved {path}")
     return result
-
-
-def errors_by_kind(outputs: list[RequestOutput]) -> dict[str, int]:
-    return dict(Counter(o.error_kind or "unknown" for o in outputs if not o.success))

@@ -45,7 +45,10 @@ except ImportError:  # pragma: no cover
     _dispatch = None
 
 OP = "msa_indexer"
-VEC_SEARCH_MAX_REQS = 4096  # up to this many requests, find a tile's request with one vector load
+# Up to this many requests, find a tile's request with one vector load of query_start_loc instead of a
+# binary search (log2(B) dependent loads at the head of every program). Off by default: it passed the CPU
+# interpreter tests but has not yet run on a GPU (device budget ran out); set 4096 to try it.
+VEC_SEARCH_MAX_REQS = 0
 if _dispatch is not None:
     _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and index dim")
 

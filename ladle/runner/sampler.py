@@ -10,7 +10,7 @@ has a 64-bit seed (the request's `seed`, or for unseeded requests one drawn from
 the runner first sees the request) and the draw hashes (seed, position, vocab index), so a seeded request
 samples the same tokens at the same positions whatever the batch, and after a preemption.
 
-The draw is `ladle.kernels.sampling.race` (Triton on CUDA, its torch twin elsewhere): the exponential-race
+The draw is `ladle.kernels.sampling.race` (Triton on CUDA; its torch twin `race_ref` on CPU): the exponential-race
 form of the Gumbel-max trick, argmax_i p_i / q_i with q_i ~ Exp(1) from the hashed uniforms, which picks i
 with probability p_i (Efraimidis & Spirakis 2006).
 """
@@ -23,7 +23,35 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels.sampling import race
+try:  # Triton ships with CUDA torch and in CI; a triton-less install (e.g. macOS) uses the local twin below
+    from ladle.kernels.sampling import race, race_ref
+except ImportError:  # pragma: no cover - exercised only without triton
+    race = race_ref = None
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 (C. Wellons; constants 0x7feb352d, 0x846ca68b) on int64 tensors holding uint32 values. Products
+    may wrap past 2^63; their low 32 bits stay exact and are masked after every multiply."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _race_fallback(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Used only when ladle.kernels.sampling (Triton) cannot be imported: the same exponential race with a
+    counter-based hash of (seed, position, index); deterministic, but not bit-equal to the kernel's hash."""
+    key = _mix32((seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) + 0x9E3779B9))
+    key = _mix32(key ^ _mix32((positions & _MASK32) + 0x85EBCA6B))
+    idx = torch.arange(probs.shape[1], device=probs.device, dtype=torch.int64)
+    h = _mix32(_mix32(key[:, None] ^ _mix32(idx[None, :] * 2 + 1)) + key[:, None])
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return (probs / -torch.log(u)).argmax(dim=-1)
+
 
 @dataclass
 class SamplingTensors:
@@ -150,7 +178,9 @@ class Sampler:
         if t.all_greedy:
             return greedy_ids
         probs = processed.softmax(dim=-1).contiguous()
-        random_ids = race(probs, t.seeds, t.positions)
+        # CPU: the torch twin directly (the Triton interpreter, which CPU test runs switch on, is far too slow)
+        draw = (race if probs.is_cuda else race_ref) or _race_fallback
+        random_ids = draw(probs, t.seeds, t.positions)
         return torch.where(t.temperature > 0, random_ids, greedy_ids)
 
 

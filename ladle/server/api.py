@@ -21,7 +21,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ladle.config import EngineConfig, ServerConfig
+from ladle.config import EngineConfig, ServerConfig, env_flag
 from ladle.engine.client import EngineClient
 from ladle.server.errors import OpenAIError, error_body, install_error_handlers
 from ladle.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -183,7 +183,13 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ladle.engine.async_engine import AsyncEngine
 
-    engine = AsyncEngine.from_config(engine_config)
+    try:
+        engine = AsyncEngine.from_config(engine_config)
+    except Exception as e:  # load/config errors carry user-facing messages; no traceback unless asked
+        if env_flag("LADLE_DEBUG"):
+            raise
+        print(f"ladle serve: error: {e}\n(set LADLE_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
     app = build_app(engine, server_config)
     logger.info("serving %s on http://%s:%d", engine.model_name, server_config.host, server_config.port)
     config = uvicorn.Config(app, host=server_config.host, port=server_config.port,

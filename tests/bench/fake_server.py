@@ -2,7 +2,8 @@
 
 Runs an aiohttp app on 127.0.0.1 (a free port) in a background thread. Behaviour per completion request:
 - If the prompt text contains `SCRIPT{...}`, that JSON decides: `status` (non-200 -> an error body), `hang` (never
-  answer), `ttft` (s), `chunks` (tokens per SSE chunk), `gap` (s between chunks), `usage` (send the usage chunk).
+  answer), `ttft` (s), `chunks` (tokens per SSE chunk; 0 = a chunk with empty text, as for a special token), `gap` (s between
+  chunks), `usage` (send the usage chunk), `ping` (an SSE comment and a choices-less chunk before the first token).
   Chunk j is written at arrival + ttft + j * gap (an absolute schedule: no drift).
 - Otherwise the default pacing: `max_tokens` tokens in chunks of `default_chunk` tokens, first after
   `default_ttft`, then every `default_gap` seconds.
@@ -121,6 +122,9 @@ class FakeServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
         obj = "chat.completion.chunk" if chat else "text_completion"
+        if script.get("ping"):  # an SSE comment and a role-only chat-style chunk without choices: not a token
+            await resp.write(b": ping\n\n")
+            await resp.write(f"data: {json.dumps({'id': 'x', 'object': obj, 'choices': []})}\n\n".encode())
         for j, k in enumerate(chunks):
             wait = arrival + ttft + j * gap - time.perf_counter()
             if wait > 0:

@@ -1,8 +1,10 @@
 """`ladle bench serve` against the scripted fake server: measured metrics equal hand-computed ones.
 
 The server writes chunk j of a request at arrival + ttft + j * gap (50-150 ms scale). The client's numbers add the
-loopback round trip and event-loop scheduling on a shared 2-core machine, so per-request times are compared within
-TOL_MS = 20 ms (observed error is 1-8 ms with the machine at load 6 on 2 cores); counts, token totals and the throughput/goodput formulas
+loopback round trip and event-loop scheduling on a shared 2-core machine, so times measured from the request start
+(TTFT, E2EL) must lie in [want - 3 ms, want + TOL_MS] (a client can only see a chunk late, never early) and gaps
+(ITL, TPOT) within +-TOL_MS, TOL_MS = 40 ms: errors of 1-8 ms are typical, 20-26 ms were seen with the machine at
+load 8 on 2 cores. Goodput SLOs sit 75 ms from every TTFT. Counts, token totals and the throughput/goodput formulas
 (relative to the measured duration) are compared exactly.
 """
 
@@ -14,12 +16,16 @@ import pytest
 
 from ladle.bench.cli import main
 
-TOL_MS = 20.0
+TOL_MS = 40.0
+
+
+def near_late(got: float, want: float) -> bool:
+    return want - 3.0 <= got <= want + TOL_MS
 
 SCRIPTS = [
     {"ttft": 0.10, "chunks": [1, 1, 1, 1, 1], "gap": 0.05},   # A: TTFT 100, E2EL 300, 5 tok, TPOT 50
     {"ttft": 0.05, "chunks": [1, 3, 1, 3], "gap": 0.08},      # B: multi-token chunks: E2EL 290, 8 tok, TPOT 240/7
-    {"ttft": 0.15, "chunks": [1]},                            # C: single token: no TPOT, no ITL
+    {"ttft": 0.25, "chunks": [1]},                            # C: single token: no TPOT, no ITL
     {"status": 503},                                          # D: error, counted under "503"
     {"ttft": 0.05, "chunks": [2, 2], "gap": 0.05, "usage": False},  # E: no usage: 4 tokens counted via /tokenize
 ]
@@ -43,36 +49,36 @@ def _run(fake_server, tmp_path, *extra):
 
 
 def test_scripted_metrics(fake_server, tmp_path):
-    r = _run(fake_server, tmp_path, "--goodput", "ttft:120", "tpot:60")
+    r = _run(fake_server, tmp_path, "--goodput", "ttft:175", "tpot:75")
     assert r["completed"] == 4 and r["failed"] == 1
     assert r["ladle"]["errors_by_kind"] == {"503": 1}
     assert r["output_lens"] == [5, 8, 1, 0, 4]
     assert r["total_output_tokens"] == 18
     ms = lambda xs: [x * 1000 for x in xs]  # noqa: E731
     ttft = ms(r["ttfts"])
-    for got, want in zip([ttft[i] for i in (0, 1, 2, 4)], [100, 50, 150, 50]):
-        assert got == pytest.approx(want, abs=TOL_MS)
-    for got, want in zip([ms(r["latencies"])[i] for i in (0, 1, 2, 4)], [300, 290, 150, 100]):
-        assert got == pytest.approx(want, abs=TOL_MS)
+    for got, want in zip([ttft[i] for i in (0, 1, 2, 4)], [100, 50, 250, 50]):
+        assert near_late(got, want), (got, want)
+    for got, want in zip([ms(r["latencies"])[i] for i in (0, 1, 2, 4)], [300, 290, 250, 100]):
+        assert near_late(got, want), (got, want)
     assert [len(x) for x in r["itls"]] == [4, 3, 0, 0, 1]
     for got, want in zip(sum((ms(x) for x in r["itls"]), []), [50] * 4 + [80] * 3 + [50]):
         assert got == pytest.approx(want, abs=TOL_MS)
-    # aggregates: TTFT [100, 50, 150, 50]; TPOT [50, 240/7, 50/3]; E2EL [300, 290, 150, 100]
-    assert r["mean_ttft_ms"] == pytest.approx(87.5, abs=TOL_MS)
-    assert r["median_ttft_ms"] == pytest.approx(75.0, abs=TOL_MS)
+    # aggregates: TTFT [100, 50, 250, 50]; TPOT [50, 240/7, 50/3]; E2EL [300, 290, 250, 100]
+    assert near_late(r["mean_ttft_ms"], 112.5)
+    assert near_late(r["median_ttft_ms"], 75.0)
     assert r["median_tpot_ms"] == pytest.approx(240 / 7, abs=TOL_MS / 3)
     assert r["mean_tpot_ms"] == pytest.approx((50 + 240 / 7 + 50 / 3) / 3, abs=TOL_MS / 3)
     assert r["median_itl_ms"] == pytest.approx(50.0, abs=TOL_MS)
     assert r["mean_itl_ms"] == pytest.approx((5 * 50 + 3 * 80) / 8, abs=TOL_MS)
-    assert r["median_e2el_ms"] == pytest.approx(220.0, abs=TOL_MS)
+    assert near_late(r["median_e2el_ms"], 270.0)
     # throughput over the measured duration; duration = sum of the serial requests plus overhead
     dur = r["duration"]
-    assert 0.84 <= dur <= 0.84 + 0.15
+    assert 0.94 <= dur <= 0.94 + 0.25
     assert r["request_throughput"] == pytest.approx(4 / dur)
     assert r["output_throughput"] == pytest.approx(18 / dur)
     assert r["total_token_throughput"] == pytest.approx((r["total_input_tokens"] + 18) / dur)
     assert r["total_input_tokens"] == sum(r["input_lens"][i] for i in (0, 1, 2, 4))
-    # good: A (100 <= 120, 50 <= 60), B, E; not C (TTFT 150)
+    # good: A (100 <= 175, 50 <= 75), B, E; not C (TTFT 250)
     assert r["request_goodput"] == pytest.approx(3 / dur)
     assert r["max_concurrent_requests"] == 1
     assert r["ladle"]["num_chunks"] == 5 + 4 + 1 + 2
@@ -81,7 +87,7 @@ def test_scripted_metrics(fake_server, tmp_path):
 def test_chat_backend_same_timing(fake_server, tmp_path):
     r = _run(fake_server, tmp_path, "--backend", "openai-chat")
     assert r["completed"] == 4 and r["output_lens"] == [5, 8, 1, 0, 4]
-    assert r["median_ttft_ms"] == pytest.approx(75.0, abs=TOL_MS)
+    assert near_late(r["median_ttft_ms"], 75.0)
     assert "messages" in fake_server.requests[0]["body"]
     assert fake_server.requests[0]["body"]["max_completion_tokens"] == 256
 
@@ -92,3 +98,18 @@ def test_payload_is_vllms(fake_server, tmp_path):
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["max_tokens"] == 256 and body["ignore_eos"] is True and body["repetition_penalty"] == 1.0
     assert body["temperature"] == 0.0 and body["model"] == "fake-model"
+
+
+def test_empty_text_chunk_counts_and_comments_do_not(fake_server, tmp_path):
+    path = tmp_path / "e.jsonl"
+    script = {"ttft": 0.05, "chunks": [0, 1, 1], "gap": 0.05, "ping": True}
+    path.write_text(json.dumps({"prompt": f"x SCRIPT{json.dumps(script)}"}) + "\n")
+    argv = ["serve", "--base-url", fake_server.base_url, "--model", "fake-model", "--dataset-name", "custom",
+            "--dataset-path", str(path), "--num-prompts", "1", "--disable-tqdm", "--save-result", "--result-dir",
+            str(tmp_path), "--result-filename", "e.json"]
+    assert main(argv) == 0
+    r = json.loads((tmp_path / "e.json").read_text())
+    # TTFT at the empty-text chunk (t=50 ms), not at the comment or the choices-less chunk sent at t=0
+    assert near_late(r["ttfts"][0] * 1000, 50)
+    assert len(r["itls"][0]) == 2 and r["output_lens"] == [2]
+    assert r["median_tpot_ms"] == pytest.approx(100.0, abs=TOL_MS)  # (150 - 50) / (2 - 1)

@@ -241,3 +241,44 @@ def test_serve_tiny_answers_chat(ckpt, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def release_text_config() -> dict:
+    """The BF16 release's text_config key set and values (design/minimax_m3.md §1.2)."""
+    freq = [0, 0, 0] + [1] * 57
+    return {
+        "architectures": ["MiniMaxM3SparseForCausalLM"], "hidden_size": 6144, "num_hidden_layers": 60,
+        "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 200064,
+        "max_position_embeddings": 1048576, "rms_norm_eps": 1e-6, "use_gemma_norm": True,
+        "attention_output_gate": False, "rope_theta": 5000000, "rotary_dim": 64, "partial_rotary_factor": 0.5,
+        "hidden_act": "swigluoai", "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "use_qk_norm": True,
+        "qk_norm_type": "per_head", "tie_word_embeddings": False, "dense_intermediate_size": 12288,
+        "intermediate_size": 3072, "shared_intermediate_size": 3072, "num_local_experts": 128,
+        "num_experts_per_tok": 4, "n_shared_experts": 1, "scoring_func": "sigmoid", "use_routing_bias": True,
+        "routed_scaling_factor": 2.0, "moe_layer_freq": freq, "num_mtp_modules": 7, "num_nextn_predict_layers": 1,
+        "sparse_attention_config": {
+            "use_sparse_attention": True, "sparse_num_index_heads": 4, "sparse_index_dim": 128,
+            "sparse_block_size": 128, "sparse_topk_blocks": 16, "sparse_local_block": 1, "sparse_init_block": 0,
+            "sparse_score_type": "max", "sparse_attention_freq": freq, "sparse_disable_index_value": freq},
+    }
+
+
+def test_release_config_parses_to_the_real_model_shape():
+    root = {"architectures": ["MiniMaxM3SparseForConditionalGeneration"], "model_type": "minimax_m3_vl",
+            "text_config": release_text_config()}
+    cfg = parse_m3_config(root)
+    assert (cfg.rotary_dim, cfg.num_kv_groups, cfg.index_block_size, cfg.index_topk_blocks) == (64, 16, 128, 16)
+    assert sum(cfg.sparse_layers) == 57 and cfg.sparse_layers == cfg.moe_layers and not any(cfg.sparse_layers[:3])
+    assert (cfg.bos_token_id, cfg.eos_token_id) == (200034, 200020)  # transformers' defaults, absent in the file
+    assert MiniMaxM3ForCausalLM.required_block_size(root) == 128
+    with torch.device("meta"):
+        m = MiniMaxM3ForCausalLM(root, torch.bfloat16, "meta")
+    n_params = sum(p.numel() for p in m.parameters())
+    h, attn = 6144, 2 * 6144 + 8192 * 6144 * 2 + 512 * 6144 * 2 + 2 * 128  # norms, q/o, k/v, q/k norms
+    dense = attn + 3 * 12288 * h
+    moe = attn + (512 + 128) * h + 2 * 128 + 128 * h + 128 + (128 + 1) * 3 * 3072 * h
+    assert n_params == 2 * 200064 * h + h + 3 * dense + 57 * moe  # spec §2.1 tensor table, summed by hand
+    # ... which is the release's 427,040,140,160 values minus the vision tower, projector and patch merge (~0.87 B)
+    assert 0.85e9 < 427_040_140_160 - n_params < 0.88e9
+    specs = m.kv_cache_specs()
+    assert specs[0].index_head_dim == 0 and specs[3].index_head_dim == 128 and specs[3].num_kv_heads == 4

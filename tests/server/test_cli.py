@@ -107,3 +107,8 @@ def test_subcommands():
     assert r.returncode != 0 and "unknown family" in r.stderr
     r = _run("nonsense")
     assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_startup_error_is_a_message_not_a_traceback():
+    r = _run("serve", "/nonexistent/model.gguf", "--port", "1")
+    assert r.returncode == 1 and "does not exist" in r.stderr and "Traceback" not in r.stderr

@@ -67,7 +67,7 @@ def test_models_and_errors(server):
     assert str(server.max_model_len) in str(e.value)
 
 
-def test_prefix_cache_hits_in_usage_and_metrics(real_server):
+def test_real_prefix_cache_hits_in_usage_and_metrics(real_server):
     """The same long prompt twice: the second request reports cached prompt tokens (whole 16-token blocks), the
     output does not change, and /metrics counts the hits."""
     client = real_server.openai()
