@@ -71,7 +71,7 @@ def _sparse_attn_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SLOTS_PER_SPLIT: tl.constexpr,
-    FP32_IEEE: tl.constexpr, EARLY_V: tl.constexpr, REQS_P2: tl.constexpr,
+    FP32_IEEE: tl.constexpr, SPLIT_DECODE: tl.constexpr, REQS_P2: tl.constexpr,
     VEC_SEARCH: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -88,8 +88,8 @@ def _sparse_attn_kernel(
     n_valid = tl.sum((sel >= 0).to(tl.int32), axis=0)
     n_valid = tl.where((r < num_reqs) & (pos >= 0), n_valid, 0)
     r = tl.minimum(r, num_reqs - 1)
-    # all physical pages of this row up front: no dependent scalar loads inside the loop
-    pages = tl.load(bt_ptr + r * stride_bt + sel, mask=sel >= 0, other=0).to(tl.int64)  # [TOPK_P2]
+    if SPLIT_DECODE:  # few slots per program: fetch all pages up front, no dependent loads inside the loop
+        pages = tl.load(bt_ptr + r * stride_bt + sel, mask=sel >= 0, other=0).to(tl.int64)  # [TOPK_P2]
     lo = split * SLOTS_PER_SPLIT
     hi = tl.minimum(lo + SLOTS_PER_SPLIT, n_valid)
 
@@ -105,10 +105,14 @@ def _sparse_attn_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for k in range(lo, hi):
-        b = tl.sum(tl.where(slots == k, sel, 0), axis=0)
-        page = tl.sum(tl.where(slots == k, pages, 0), axis=0)
+        if SPLIT_DECODE:
+            b = tl.sum(tl.where(slots == k, sel, 0), axis=0)
+            page = tl.sum(tl.where(slots == k, pages, 0), axis=0)
+        else:  # many slots per program (prefill): scalar loads pipeline better than per-slot vector reductions
+            b = tl.load(sel_row + k)
+            page = tl.load(bt_ptr + r * stride_bt + b).to(tl.int64)
         kt = tl.load(k_ptr + page * stride_kb + kv_off)
-        if EARLY_V:  # decode: issue V with K so both tiles are in flight together (few iterations per program)
+        if SPLIT_DECODE:  # decode: issue V with K so both tiles are in flight together (few iterations per program)
             vt = tl.load(v_ptr + page * stride_kb + kv_off)
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
@@ -122,7 +126,7 @@ def _sparse_attn_kernel(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if not EARLY_V:
+        if not SPLIT_DECODE:
             vt = tl.load(v_ptr + page * stride_kb + kv_off)
         if FP32_IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
@@ -197,7 +201,7 @@ def msa_sparse_attention_triton(
     num_splits: Optional[int] = None,
     out: Optional[torch.Tensor] = None,  # [T, Hq, D] q.dtype
     num_warps: Optional[int] = None,
-    num_stages: Optional[int] = None,  # default: 1 for split decode (occupancy), 2 otherwise
+    num_stages: Optional[int] = None,  # default 2 (H200 sweep, gpu_m3_suite run 2)
 ) -> torch.Tensor:
     """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation)."""
     check_cache_pair(key_cache, value_cache)
@@ -240,9 +244,9 @@ def msa_sparse_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
         TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
-        FP32_IEEE=q.dtype == torch.float32 or interpreting(), EARLY_V=num_splits > 1,
+        FP32_IEEE=q.dtype == torch.float32 or interpreting(), SPLIT_DECODE=num_splits > 1,
         REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=B < VEC_SEARCH_MAX_REQS,
-        num_warps=num_warps or (8 if big else 4), num_stages=num_stages or (1 if num_splits > 1 else 2),
+        num_warps=num_warps or (8 if big and num_splits == 1 else 4), num_stages=num_stages or 2,
     )
     if num_splits > 1:
         _merge_kernel[(T, Hq)](pacc, pml, out, Hq, out.stride(0), out.stride(1),
