@@ -41,6 +41,7 @@ E, I, HID, K_ROUTED = 128, 768, 6144, 4
 CTX = 8192
 DT = torch.bfloat16
 ROWS: list[dict] = []
+QUICK = False  # --quick: no sweeps, no breakdowns
 
 
 def log(*a):
@@ -179,9 +180,9 @@ def run_msa(batch, prefill, bw, fl):
     add_row("msa_sparse_attn", label + f" R={R}", single, graph, attn_bytes if not prefill else 0,
             attn_flops if prefill else 0, f"rel {err:.2e}",
             ">=70% copy BW" if (not prefill and batch >= 32) else "-", bw, fl)
-    if not prefill and batch >= 32:
+    if not prefill and batch >= 32 and not QUICK:
         stage_breakdown(c, sels, outs, label, idx_bytes, attn_bytes, bw, fl)
-    if not prefill and batch >= 32:  # split-count sweep (shape constants only; reported, not auto-applied)
+    if not prefill and batch >= 32 and not QUICK:  # split-count sweep (shape constants only; reported, not auto-applied)
         for ns, nw, st in [(ns, 4, st) for ns in (2, 4, 8, 16) for st in (1, 2)]:
             fns = [lambda i=i: msa_sparse_attention_triton(c["q"][i], c["kc"], c["vc"], c["tables"][i], sels[i],
                                                              c["positions"], c["qsl"], num_splits=ns, out=outs[i],
@@ -295,6 +296,8 @@ def main():
     ap.add_argument("--out", default="m3_suite.json")
     ap.add_argument("--quick", action="store_true", help="skip config sweeps")
     args = ap.parse_args()
+    global QUICK
+    QUICK = args.quick
     torch.manual_seed(0)
     t0 = time.time()
     dev = torch.cuda.get_device_name()

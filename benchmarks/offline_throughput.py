@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--parity-input-len", type=int, default=16)
     p.add_argument("--parity-output-len", type=int, default=16)
     p.add_argument("--parity-dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: 1 on cpu, where shared cores oversubscribe; untouched on cuda)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="offline_throughput.json", help="JSON results path")
     args = p.parse_args(argv)
@@ -317,10 +319,17 @@ def environment(args, cfg: dict, device: torch.device, dtype: torch.dtype) -> di
            "shapes": {k: cfg.get(k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                               "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
                                               "tie_word_embeddings")},
-           "hf_static_compiled": device.type == "cuda"}
+           "hf_static_compiled": device.type == "cuda", "torch_threads": torch.get_num_threads()}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     return env
+
+
+def write_json(result: dict, path: str) -> None:
+    """(Re)write the results so far: a run cut short by a time limit still leaves its finished parts."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
 
 
 def main(argv=None) -> int:
@@ -331,16 +340,19 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = "bfloat16" if device.type == "cuda" else "float32"
     dtype = getattr(torch, dtype_name)
+    if args.threads or device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
     print(f"offline throughput: {args.input_len} in / {args.output_len} out, batch {args.batch_sizes}, "
           f"{device} {dtype_name}, median of {args.repeats} (transformers {args.hf_repeats})\n{WEIGHTS_NOTE}",
           flush=True)
     result = {"args": {k: v for k, v in vars(args).items()}, "env": environment(args, cfg, device, dtype),
-              "rows": [], "failures": []}
+              "rows": [], "failures": [], "complete": False}
     if args.check_parity:
         result["parity"] = check_parity(args, cfg, device)
         print(f"parity (shared seeded weights, {args.parity_dtype}): {result['parity']}", flush=True)
         if not result["parity"]["ok"]:
             result["failures"].append(f"parity: {result['parity']}")
+        write_json(result, args.out)
     prompts = {b: make_prompts(cfg["vocab_size"], b, args.input_len, args.seed + b) for b in args.batch_sizes}
     max_len = args.input_len + args.output_len
     base_kw = ladle_engine_kwargs(args, cfg, device, dtype_name, max(args.batch_sizes), max_len)
@@ -348,6 +360,7 @@ def main(argv=None) -> int:
         rows, fails = bench_ladle(args, name, {**base_kw, "load_format": "dummy", **extra}, prompts, device)
         result["rows"] += rows
         result["failures"] += fails
+        write_json(result, args.out)
     if not args.skip_hf:
         rows, fails = bench_hf(args, prompts, device, dtype)
         result["rows"] += rows
@@ -360,9 +373,8 @@ def main(argv=None) -> int:
     checks = "all token counts exact" if not result["failures"] else "FAILED: " + "; ".join(result["failures"])
     print(f"checks: {checks}" + (f"; parity {'ok' if result['parity']['ok'] else 'MISMATCH'}"
                                   if "parity" in result else ""))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
+    result["complete"] = True
+    write_json(result, args.out)
     print(f"wrote {args.out}")
     return 1 if result["failures"] else 0
 

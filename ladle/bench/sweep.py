@@ -128,15 +128,17 @@ def run_sweep(args: argparse.Namespace, argv: list[str] | None = None) -> list[d
     out_dir = args.result_dir or "bench_sweep"
     os.makedirs(out_dir, exist_ok=True)
     rows = []
+    model = args.model
     for c in concurrency_points(args):
         print(f"=== sweep point: concurrency {c} ===")
         result = asyncio.run(run_serve(point_args(args, c, out_dir), argv))
         rows.append(_row(c, result, args.num_gpus or 1))
+        model = result["model_id"]
     table = markdown_table(rows)
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
         f.write(table)
     with open(os.path.join(out_dir, "sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    plot(rows, os.path.join(out_dir, "sweep.png"), f"{args.model or 'server'} - {args.dataset_name}")
+    plot(rows, os.path.join(out_dir, "sweep.png"), f"{model} - {args.dataset_name}, {args.num_gpus or 1} GPU(s)")
     print(table)
     return rows

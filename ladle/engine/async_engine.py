@@ -17,12 +17,13 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 import traceback
 import uuid
 from typing import Any, AsyncIterator, Optional
 
 from ladle.config import EngineConfig
-from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_STOP
+from ladle.core.outputs import FINISH_ABORT, FINISH_STOP, RequestRejected
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import EngineClient, EngineError, EngineStats, RequestOutput
 from ladle.engine.engine_core import child_params
@@ -80,8 +81,6 @@ class AsyncEngine(EngineClient):
         """See EngineClient.generate. `request_id`, when given and not in use, becomes the internal id;
         otherwise `cmpl-<uuid>` is generated. A duplicate in-flight id is refused (RequestRejected)."""
         self._check_alive()
-        from ladle.core.outputs import RequestRejected
-
         parent_id = request_id or f"cmpl-{uuid.uuid4().hex}"
         if parent_id in self._streams:
             raise RequestRejected(f"request id {parent_id!r} is already in use")
@@ -89,7 +88,7 @@ class AsyncEngine(EngineClient):
         stream = _Stream(loop)
         self._streams[parent_id] = stream
         ack: asyncio.Future = loop.create_future()
-        self._inbox.put(("add", parent_id, list(prompt_token_ids), sampling_params, ack, loop))
+        self._inbox.put(("add", parent_id, list(prompt_token_ids), sampling_params, ack, loop, time.monotonic()))
         finished = False
         try:
             await ack  # RequestRejected / EngineError surface here, before the first yield
@@ -163,7 +162,7 @@ class AsyncEngine(EngineClient):
                 self._abort(item[1])
 
     def _add(self, parent_id: str, prompt_ids: list[int], params: SamplingParams, ack: asyncio.Future,
-             loop: asyncio.AbstractEventLoop) -> None:
+             loop: asyncio.AbstractEventLoop, arrival_time: float) -> None:
         def resolve(exc: Optional[BaseException]) -> None:
             if ack.done():
                 return
@@ -180,7 +179,7 @@ class AsyncEngine(EngineClient):
 
         try:
             child_ids = self._processor.add_request(parent_id, prompt_ids, params)
-            requests = [self.core.make_request(c, prompt_ids, child_params(params, i))
+            requests = [self.core.make_request(c, prompt_ids, child_params(params, i), arrival_time)
                         for i, c in enumerate(child_ids)]
             self.core.add_requests(requests)
         except Exception as exc:  # noqa: BLE001 — RequestRejected and friends go back to the caller
@@ -232,5 +231,3 @@ class AsyncEngine(EngineClient):
         self._stats = EngineStats(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
                                   request_success_total=dict(self._success))
 
-
-_ = FINISH_ERROR  # re-exported meaning: failed steps arrive as finish_reason "error" outputs

@@ -36,11 +36,13 @@ def fill_max_tokens(params: SamplingParams, num_prompt_tokens: int, max_model_le
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Choice `index` of `n`: n=1 and seed s+index (unseeded stays unseeded)."""
+    """Choice `index` of `n`: n=1 and seed s+index (unseeded stays unseeded). Only choice 0 computes prompt
+    logprobs (they are the same for every choice and are reported once per request)."""
     seed = None if params.seed is None else params.seed + index
     if params.n == 1 and seed == params.seed:
         return params
-    return dataclasses.replace(params, n=1, seed=seed)
+    prompt_logprobs = params.prompt_logprobs if index == 0 else None
+    return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
 
 class EngineCore:

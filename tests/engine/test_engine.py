@@ -45,7 +45,11 @@ def test_preemption_with_tiny_pool_keeps_greedy_tokens(model):
 
 def test_seeded_sampling_survives_preemption(model):
     params = SamplingParams(temperature=1.0, seed=11, max_tokens=24, ignore_eos=True)
-    roomy = LLM(bundle=make_bundle(model, num_blocks=128)).generate(PROMPTS, params)
+    roomy_llm = LLM(bundle=make_bundle(model, num_blocks=128))
+    roomy = roomy_llm.generate(PROMPTS, params)
+    cached = roomy_llm.generate(PROMPTS, params)  # prefixes now hit the cache
+    assert sum(o.num_cached_tokens for o in cached) > 0
+    assert [o.outputs[0].token_ids for o in roomy] == [o.outputs[0].token_ids for o in cached]
     tight_bundle = make_bundle(model, num_blocks=12, max_num_batched_tokens=32, max_model_len=128)
     tight = LLM(bundle=tight_bundle).generate(PROMPTS, params)
     assert tight_bundle.core.get_stats().num_preemptions_total > 0
