@@ -28,7 +28,7 @@ def _decode_split_kernel(
     q_stride_t, q_stride_h, bt_stride, scale_log2,
     GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr, HKV_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,13 +61,13 @@ def _decode_split_kernel(
         kv_mask = in_seq[:, None] & mask_d[None, :]
         k = tl.load(k_cache + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_cache + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_H, TILE_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_H, TILE_N]
         s = tl.where(in_seq[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     empty = t_begin >= t_end
@@ -170,7 +170,7 @@ def decode_attention(
         q.stride(0), q.stride(1), block_table.stride(0), scale * LOG2E,
         GROUP=group, NUM_Q_HEADS=num_q_heads, HKV_D=num_kv_heads * head_dim, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, TILE_N=tile_n,
-        NUM_SPLITS=num_splits, **cfg,
+        NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), **cfg,
     )
     _decode_merge_kernel[(num_seqs, num_q_heads)](
         part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),

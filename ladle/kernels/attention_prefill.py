@@ -26,10 +26,16 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot` input precision: exact fp32 ("ieee") for float32 inputs, so a float32 run matches the float32
+    reference instead of carrying TF32 rounding (10-bit mantissa); ignored for bf16/fp16 inputs."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_table, bt_stride, seq_len, q_pos,
                  offs_d, mask_d, HKV_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, scale_log2):
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, scale_log2, DOT_PRECISION: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     in_seq = offs_n < seq_len
     blk = tl.load(block_table + seq * bt_stride + offs_n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
@@ -38,7 +44,7 @@ def _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_tab
     kv_mask = in_seq[:, None] & mask_d[None, :]
     k = tl.load(k_cache + kv_off, mask=kv_mask, other=0.0)
     v = tl.load(v_cache + kv_off, mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, BLOCK_N] in log2 units
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N] in log2 units
     if MASKED:
         visible = (offs_n[None, :] <= q_pos[:, None]) & in_seq[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -46,7 +52,7 @@ def _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_tab
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -55,7 +61,7 @@ def _prefill_kernel(
     q_ptr, k_cache, v_cache, out_ptr, block_table, query_start_loc, seq_lens,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride, num_seqs, scale_log2,
     GROUP: tl.constexpr, HKV_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head = tl.program_id(1)
@@ -99,11 +105,11 @@ def _prefill_kernel(
     for n0 in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_table, bt_stride,
                                      seq_len, q_pos, offs_d, mask_d, HKV_D, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
-                                     scale_log2)
+                                     scale_log2, DOT_PRECISION)
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_table, bt_stride,
                                      seq_len, q_pos, offs_d, mask_d, HKV_D, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
-                                     scale_log2)
+                                     scale_log2, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(out_ptr + q_rows[:, None] * o_stride_t + head * o_stride_h + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
@@ -151,6 +157,6 @@ def prefill_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0), num_seqs, scale * LOG2E,
         GROUP=num_q_heads // num_kv_heads, HKV_D=num_kv_heads * head_dim, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        BLOCK_N=block_n, **cfg,
+        BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype), **cfg,
     )
     return out
