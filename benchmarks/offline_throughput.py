@@ -69,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--parity-output-len", type=int, default=16)
     p.add_argument("--parity-dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 on cpu, where shared cores oversubscribe; untouched on cuda)")
+                   help="torch intra-op threads (default: 1 on cpu, where shared cores oversubscribe; cuda: untouched)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="offline_throughput.json", help="JSON results path")
     args = p.parse_args(argv)
@@ -306,7 +306,8 @@ def format_table(rows: list[dict]) -> str:
         def cell(key, fmt, width):
             return f"{r[key]:{width}{fmt}}" if key in r else " " * (width - 1) + "-"
         lines.append(f"{r['batch']:>5}  {r['system']:<14} {r['out_tok_s']:>11.1f} {cell('x_hf_dynamic', '.2f', 13)} "
-                     f"{cell('x_hf_static', '.2f', 16)} {cell('step_ms', '.2f', 15)} {cell('forward_gpu_ms', '.2f', 13)}")
+                     f"{cell('x_hf_static', '.2f', 16)} {cell('step_ms', '.2f', 15)} "
+                     f"{cell('forward_gpu_ms', '.2f', 13)}")
     return "\n".join(lines)
 
 

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.attention_prefill import dot_precision
+
 LOG2E = 1.4426950408889634
 
 
