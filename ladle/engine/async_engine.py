@@ -23,7 +23,7 @@ import uuid
 from typing import Any, AsyncIterator, Optional
 
 from ladle.config import EngineConfig
-from ladle.core.outputs import FINISH_ABORT, FINISH_STOP, RequestRejected
+from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_STOP, RequestRejected
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import EngineClient, EngineError, EngineStats, RequestOutput
 from ladle.engine.engine_core import child_params
@@ -200,6 +200,7 @@ class AsyncEngine(EngineClient):
         processed = self._processor.process(engine_outputs)
         for child, stop in processed.stop_hits:
             self.core.finish_requests([child], FINISH_STOP, stop)  # echo ignored by the processor
+        self.core.finish_requests(processed.failed_ids, FINISH_ERROR)
         for ro in processed.request_outputs:
             for co in ro.outputs:
                 if co.finish_reason:

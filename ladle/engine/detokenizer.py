@@ -22,13 +22,17 @@ class IncrementalDetokenizer:
     """One sequence's text state. Not thread-safe (the engine thread owns it).
 
     Args: tokenizer (transformers), prompt_token_ids, stop (strings), include_stop_str_in_output,
-    skip_special_tokens.
+    skip_special_tokens, min_tokens (as in vLLM, stop strings are not matched in text produced before the
+    request has `min_tokens` output tokens).
     """
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], stop: Sequence[str] = (),
-                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True) -> None:
+                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
+                 min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
+        self.min_tokens = min_tokens
+        self._num_output_tokens = 0
         self.include_stop = include_stop_str_in_output
         self.skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
@@ -70,9 +74,12 @@ class IncrementalDetokenizer:
         if self.stop_reason is not None:
             return ""
         self._ids.extend(new_token_ids)
+        self._num_output_tokens += len(new_token_ids)
         delta = self._decode_new(flush=finished)
         old_len = len(self._text)
         self._text += delta
+        if self.stop and self._num_output_tokens < self.min_tokens:
+            return self._release(len(self._text))  # too early for stop strings: nothing to hold back
         if self.stop:
             hit = self._find_stop(old_len)
             if hit is not None:
@@ -88,7 +95,7 @@ class IncrementalDetokenizer:
         """Earliest stop string occurrence that ends in the new text."""
         best: Optional[tuple[int, str]] = None
         for stop in self.stop:
-            start = max(0, old_len - len(stop) + 1, self._emitted if not self.include_stop else 0)
+            start = max(0, old_len - len(stop) + 1, 0 if self.include_stop else self._emitted)
             idx = self._text.find(stop, start)
             if idx >= 0 and (best is None or idx < best[0]):
                 best = (idx, stop)

@@ -74,6 +74,7 @@ class LLM:
             processed = self.processor.process(outputs)
             for child, stop in processed.stop_hits:
                 self.core.finish_requests([child], "stop", stop)  # echoes are ignored by the processor
+            self.core.finish_requests(processed.failed_ids, "error")
             for ro in processed.request_outputs:
                 last[ro.request_id] = ro
                 for co in ro.outputs:

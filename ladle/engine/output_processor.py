@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ladle.core.outputs import FINISH_STOP, EngineOutput, TokenLogprobs
+from ladle.core.outputs import FINISH_ERROR, FINISH_STOP, EngineOutput, TokenLogprobs
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, RequestOutput
 from ladle.engine.detokenizer import IncrementalDetokenizer
@@ -51,10 +51,12 @@ class _Parent:
 @dataclass
 class ProcessedOutputs:
     """request_outputs: one per parent that changed; stop_hits: (child id, stop string) the engine must
-    finish with reason "stop"; finished_parent_ids: parents whose every choice finished this time."""
+    finish with reason "stop"; failed_ids: children whose output could not be processed (the engine finishes
+    them with reason "error"); finished_parent_ids: parents whose every choice finished this time."""
 
     request_outputs: list[RequestOutput] = field(default_factory=list)
     stop_hits: list[tuple[str, str]] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)
     finished_parent_ids: list[str] = field(default_factory=list)
 
 
@@ -79,7 +81,8 @@ class OutputProcessor:
             detok = None
             if self.tokenizer is not None:
                 detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
-                                               params.include_stop_str_in_output, params.skip_special_tokens)
+                                               params.include_stop_str_in_output, params.skip_special_tokens,
+                                               params.min_tokens)
             choices.append(_Choice(i, detok, params.logprobs is not None))
             child = child_request_id(parent_id, i, params.n)
             child_ids.append(child)
@@ -119,7 +122,13 @@ class OutputProcessor:
             choice = parent.choices[where[1]]
             if choice.finish_reason is not None:
                 continue
-            delta = self._apply(parent, choice, out, result)
+            try:
+                delta = self._apply(parent, choice, out, result)
+            except Exception as exc:  # noqa: BLE001 — one bad output fails its request, not the engine
+                choice.finish_reason, choice.error = FINISH_ERROR, f"output processing failed: {exc!r}"
+                result.failed_ids.append(out.request_id)
+                delta = CompletionOutput(index=choice.index, text=choice.text, token_ids=list(choice.token_ids),
+                                         finish_reason=FINISH_ERROR, error=choice.error)
             changed.setdefault(parent.request_id, []).append(delta)
         for parent_id, deltas in changed.items():
             parent = self._parents[parent_id]

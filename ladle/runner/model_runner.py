@@ -20,6 +20,7 @@ import torch
 
 from ladle.config import CacheConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from ladle.core.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
+from ladle.core.sampling_params import SamplingParams
 from ladle.layers.attention.metadata import ForwardContext, set_forward_context
 from ladle.runner.input_batch import BatchInputs, build_batch_inputs
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
@@ -95,23 +96,11 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        num_tokens = self.scheduler_config.max_num_batched_tokens
-        chunks = self._dummy_chunks(num_tokens)
-        num_scratch = 1 + sum(len(c.block_ids) for c in chunks)
-        scratch = allocate_kv_caches(self.kv_cache_specs, num_scratch, self.block_size, self.dtype, self.device)
-        scratch_bytes = sum(t.numel() * t.element_size() for c in scratch
-                            for t in (c.key_cache, c.value_cache, c.index_key_cache) if t is not None)
-        with torch.inference_mode():
-            batch = build_batch_inputs(chunks, self.block_size, self.device)
-            hidden = self._forward(batch, scratch)
-            n = min(self.scheduler_config.max_num_seqs, num_tokens)
-            logits = self.model.compute_logits(hidden[:n])
-            torch.log_softmax(logits, dim=-1).argmax(dim=-1)
+        scratch_bytes = self._dummy_step(self.scheduler_config.max_num_batched_tokens)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - scratch_bytes
         free, total = torch.cuda.mem_get_info(self.device)
         non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
-        del scratch, batch, hidden, logits
         torch.cuda.empty_cache()
         available = int(utilization * total - peak - non_torch)
         logger.info("memory profile: total %.2f GiB, peak torch %.2f GiB, non-torch %.2f GiB -> KV %.2f GiB",
@@ -122,6 +111,25 @@ class ModelRunner:
                 f"{non_torch} bytes outside torch is {available}; raise --gpu-memory-utilization or lower "
                 f"--max-num-batched-tokens")
         return available
+
+    @torch.inference_mode()
+    def _dummy_step(self, num_tokens: int) -> int:
+        """The worst step for memory: a forward over `num_tokens` prompt tokens (scratch KV cache), logits for
+        min(max_num_seqs, num_tokens) rows, the sampler with penalties and every filter, 20 top logprobs.
+        Returns the scratch cache's bytes (not part of the peak that the real cache must leave room for)."""
+        chunks = self._dummy_chunks(num_tokens)
+        num_scratch = 1 + sum(len(c.block_ids) for c in chunks)
+        scratch = allocate_kv_caches(self.kv_cache_specs, num_scratch, self.block_size, self.dtype, self.device)
+        batch = build_batch_inputs(chunks, self.block_size, self.device)
+        hidden = self._forward(batch, scratch)
+        n = min(self.scheduler_config.max_num_seqs, num_tokens)
+        logits = self.model.compute_logits(hidden[:n])
+        worst = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, repetition_penalty=1.1, logprobs=20)
+        states = [RequestState(f"profile-{i}", [0], [0], worst, i) for i in range(n)]
+        tensors = build_sampling_tensors(states, [1] * n, logits.shape[1], self.device)
+        compute_logprobs(logits, self.sampler.sample(logits, tensors), 20)
+        return sum(t.numel() * t.element_size() for c in scratch
+                   for t in (c.key_cache, c.value_cache, c.index_key_cache) if t is not None)
 
     def _dummy_chunks(self, num_tokens: int) -> list[ScheduledChunk]:
         """Split `num_tokens` into prefill chunks of at most max_model_len, scratch blocks numbered from 1."""

@@ -73,3 +73,34 @@ def smollm2_bundle(tokenizer: Any = None, **kw) -> EngineBundle:
     kw.setdefault("max_model_len", 1024)
     kw.setdefault("device", "cpu")
     return build_engine(engine_config_from_kwargs(smollm2_gguf(), **kw), tokenizer)
+
+
+def hf_twin(model: torch.nn.Module, hf_config: Optional[dict] = None) -> Any:
+    """transformers' LlamaForCausalLM with the same weights as a ladle tiny Llama (independent reference).
+    ladle merges q/k/v into qkv_proj and gate/up into gate_up_proj; they are split back here."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
+
+    cfg = dict(hf_config or TINY_LLAMA)
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    hf = HFLlama(LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})).eval()
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if "qkv_proj" in name:
+            parts = tensor.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
+            state.update({name.replace("qkv_proj", n): t for n, t in zip(("q_proj", "k_proj", "v_proj"), parts)})
+        elif "gate_up_proj" in name:
+            gate, up = tensor.chunk(2)
+            state.update({name.replace("gate_up_proj", "gate_proj"): gate, name.replace("gate_up_proj", "up_proj"): up})
+        else:
+            state[name] = tensor
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    return hf
+
+
+def hf_greedy(hf: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()

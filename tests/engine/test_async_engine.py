@@ -163,3 +163,27 @@ def test_dead_loop_ends_streams_with_engine_error(model):
         await engine.shutdown()
 
     _run(main())
+
+
+def test_bad_output_processing_fails_one_request(model):
+    class Tok:  # decodes everything except token 99, which raises
+        def decode(self, ids, **kw):
+            if 99 in ids:
+                raise ValueError("undecodable")
+            return "".join(f"<{i}>" for i in ids)
+
+    async def main():
+        bundle = make_bundle(model)
+        bundle.tokenizer = Tok()
+        engine = AsyncEngine(bundle)
+        try:
+            bad = [o async for o in engine.generate([99, 1], SamplingParams(temperature=0, max_tokens=50))]
+            assert bad[-1].outputs[0].finish_reason == "error" and "undecodable" in bad[-1].outputs[0].error
+            await _wait_idle(engine)
+            ok = [o async for o in engine.generate([5, 1], SamplingParams(temperature=0, max_tokens=3))]
+            assert ok[-1].outputs[0].finish_reason == "length" and ok[-1].outputs[0].text.startswith("<")
+            assert engine.is_healthy()
+        finally:
+            await engine.shutdown()
+
+    _run(main())

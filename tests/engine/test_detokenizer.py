@@ -78,3 +78,17 @@ def test_skip_special_tokens(smollm2_tokenizer):
         detok = IncrementalDetokenizer(tok, [1, 2], skip_special_tokens=skip)
         text = "".join(detok.update([t]) for t in ids) + detok.update([], finished=True)
         assert text == expect
+
+
+def test_stop_strings_wait_for_min_tokens(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    text = "one two one two three"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert len(ids) == 5
+    detok = IncrementalDetokenizer(tok, [1], stop=["two"], min_tokens=3)
+    out = ""
+    for t in ids:
+        out += detok.update([t])
+        if detok.stop_reason:
+            break
+    assert detok.stop_reason == "two" and out == "one two one "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TINY_LLAMA, make_bundle, tiny_model
+from helpers import TINY_LLAMA, hf_greedy, hf_twin, make_bundle, tiny_model
 
 from ladle.config import EngineConfig, CacheConfig, ModelConfig
 from ladle.core.outputs import RequestRejected, ScheduledChunk
@@ -25,16 +25,11 @@ def model():
     return tiny_model(seed=0)
 
 
-def _greedy_reference(model, prompt, n):
-    """Plain full-sequence recompute with a fresh engine per token would be slow; instead use a big pool,
-    one request at a time (no preemption, no batching) as the baseline."""
-    llm = LLM(bundle=make_bundle(model, num_blocks=128))
-    return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0].outputs[0].token_ids
-
-
 def test_preemption_with_tiny_pool_keeps_greedy_tokens(model):
-    expected = [_greedy_reference(model, p, 24) for p in PROMPTS]
-    bundle = make_bundle(model, num_blocks=12, max_num_batched_tokens=32, max_model_len=128)  # 11 usable blocks of 16 tokens
+    hf = hf_twin(model)  # independent reference: transformers with the same weights
+    expected = [hf_greedy(hf, p, 24) for p in PROMPTS]
+    bundle = make_bundle(model, num_blocks=12, max_num_batched_tokens=32,
+                         max_model_len=128)  # 11 usable blocks of 16 tokens
     llm = LLM(bundle=bundle)
     outs = llm.generate(PROMPTS, GREEDY)
     assert bundle.core.get_stats().num_preemptions_total > 0, "the pool should have forced preemption"
@@ -177,3 +172,11 @@ def test_config_resolution():
 def test_kv_pool_too_small_for_max_model_len(model):
     with pytest.raises(KVCacheTooSmall, match=r"max_model_len \(256 tokens\).*--max-model-len"):
         make_bundle(model, num_blocks=8, max_model_len=256)
+
+
+def test_memory_profile_dummy_step_runs(model):
+    """The CUDA profiling step (forward at max_num_batched_tokens, worst-case sampler) also runs on CPU."""
+    runner = make_bundle(model, max_model_len=64).core.runner
+    scratch = runner._dummy_step(150)  # 3 sequences of <= max_model_len
+    per_block = sum(s.bytes_per_token(4) for s in runner.kv_cache_specs) * runner.block_size
+    assert scratch == (1 + 4 + 4 + 2) * per_block
