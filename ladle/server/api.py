@@ -104,6 +104,11 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
         logger.info("shutting down the engine")
         with contextlib.suppress(Exception):
             await engine.shutdown()
+        runner_cfg = getattr(engine_config, "runner", None)
+        if getattr(runner_cfg, "dispatch_report", False):  # --dispatch-report: the fast-path table at shutdown
+            from ladle.observe import dispatch
+
+            print(dispatch.format_table(), flush=True)
 
     app = FastAPI(title="ladle", version=ladle_version(), lifespan=lifespan)
     app.state.ctx = ctx

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from test_cli import VLLM_FIELDS
+from test_bench_cli import VLLM_FIELDS
 
 pytestmark = pytest.mark.slow
 
