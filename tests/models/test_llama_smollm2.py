@@ -59,7 +59,10 @@ def test_source_describes_default_gguf(source):
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
             cfg["vocab_size"], cfg["tie_word_embeddings"]) == (30, 576, 9, 3, 49152, True)
     assert source.generation_config["eos_token_id"] == 2
-    assert source.tokenizer_gguf_file == source.gguf_file
+    if source.converted_dir:  # the converted copy (ladle.models.gguf_cache) carries the tokenizer files
+        assert source.tokenizer_gguf_file is None and source.tokenizer_path == source.converted_dir
+    else:
+        assert source.tokenizer_gguf_file == source.gguf_file
 
 
 def test_dequantised_weights_equal_transformers(ours, ref):
