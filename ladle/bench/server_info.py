@@ -47,7 +47,7 @@ def counter(metrics: dict[str, list[tuple[dict[str, str], float]]] | None, name:
 
 def block_size_from(version: Any, metrics: dict | None) -> int | None:
     """The server's KV block size: /version's engine config (any `block_size` key) or vllm:cache_config_info."""
-    found = _find_key(version, "block_size")
+    found = find_key(version, "block_size")
     if isinstance(found, int) and found > 0:
         return found
     for labels, _ in (metrics or {}).get("vllm:cache_config_info", []):
@@ -56,14 +56,15 @@ def block_size_from(version: Any, metrics: dict | None) -> int | None:
     return None
 
 
-def _find_key(obj: Any, key: str) -> Any:
+def find_key(obj: Any, key: str) -> Any:
+    """Depth-first search of nested dicts/lists (JSON) for `key`; its first non-None value, else None."""
     if isinstance(obj, dict):
         if key in obj:
             return obj[key]
         obj = list(obj.values())
     if isinstance(obj, list):
         for v in obj:
-            found = _find_key(v, key)
+            found = find_key(v, key)
             if found is not None:
                 return found
     return None

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from ladle.bench.server_info import find_key
+
 
 class BenchTokenizer(Protocol):
     vocab_size: int
@@ -54,22 +56,6 @@ class LocalTokenizer:
         return self.hf.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
-
-
-def _find_key(obj: Any, key: str) -> Any:
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        for v in obj.values():
-            found = _find_key(v, key)
-            if found is not None:
-                return found
-    elif isinstance(obj, list):
-        for v in obj:
-            found = _find_key(v, key)
-            if found is not None:
-                return found
-    return None
 
 
 class ServerTokenizer:
@@ -115,7 +101,7 @@ class ServerTokenizer:
             try:
                 r = self.client.get(f"{self.base_url}{path}")
                 if r.status_code == 200:
-                    v = _find_key(r.json(), "vocab_size")
+                    v = find_key(r.json(), "vocab_size")
                     if isinstance(v, int) and v > 0:
                         return v
             except (httpx.HTTPError, ValueError):

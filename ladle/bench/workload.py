@@ -106,15 +106,15 @@ def _need_path(args: argparse.Namespace) -> None:
 
 
 def _agentic(args: argparse.Namespace, base_url: str, model: str, version: Any) -> Workload:
-    from ladle.bench.server_info import _find_key  # the same recursive lookup as for block_size
+    from ladle.bench.server_info import find_key  # the same recursive lookup as for block_size
 
     path = args.dataset_path or os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
                                              "agentic_traces")
     sessions = agentic.load_traces(path, args.num_prompts, args.agentic_length_scale, args.seed)
     local = _local_tokenizer_path(args)
     tok: BenchTokenizer | None = LocalTokenizer(local) if local else None
-    vocab = args.agentic_vocab_size or (tok.vocab_size if tok else None) or _find_key(version, "vocab_size")
-    max_len = args.max_model_len or _find_key(version, "max_model_len")
+    vocab = args.agentic_vocab_size or (tok.vocab_size if tok else None) or find_key(version, "vocab_size")
+    max_len = args.max_model_len or find_key(version, "max_model_len")
     if not vocab or not max_len:
         server_tok = _server_tokenizer(base_url, model)
         if server_tok is not None:

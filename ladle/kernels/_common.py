@@ -1,4 +1,5 @@
-"""Helpers shared by the kernel launchers: where Triton may run, and cache-shape checks."""
+"""Helpers shared by the kernel launchers: where Triton may run, dispatch recording, cache-shape checks, and
+small launch facts (SM count, tl.dot precision, log2(e))."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from typing import Iterator, Optional
 import torch
 
 from ladle.config import env_flag
+from ladle.observe import dispatch
+
+LOG2E = 1.4426950408889634  # log2(e): softmax in base 2 folds it into the scale
 
 
 def interpreting() -> bool:
@@ -48,3 +52,35 @@ def check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None
     assert key_cache.shape == value_cache.shape, f"K {tuple(key_cache.shape)} != V {tuple(value_cache.shape)}"
     assert key_cache.dtype == value_cache.dtype
     assert key_cache.is_contiguous() and value_cache.is_contiguous(), "KV caches must be contiguous"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot` input precision: exact fp32 ("ieee") for float32 inputs, so a float32 run matches the float32
+    reference instead of carrying TF32 rounding (10-bit mantissa); ignored for bf16/fp16 inputs."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: a few splits, so split/merge
+    paths are exercised)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def pow2_dot_reason(x: torch.Tensor, cache: torch.Tensor, dim_name: str) -> Optional[str]:
+    """Shape part of the paged tl.dot eligibility rules: x's last dim ("head dim") and cache.shape[1]
+    (block_size) must be powers of two, and on CUDA at least 16 (tl.dot's smallest tile). None when they are,
+    else the reason (worded with `dim_name`)."""
+    d, bs = x.shape[-1], cache.shape[1]
+    if d & (d - 1) or bs & (bs - 1):
+        return f"{dim_name} {d} / block_size {bs} not a power of two"
+    if x.device.type == "cuda" and (bs < 16 or d < 16):
+        return f"block_size and {dim_name} must be >= 16 for tl.dot"
+    return None
+
+
+def decide_triton(op: str, num_tokens: int, use_triton: bool, reason: Optional[str]) -> bool:
+    """Record one dispatch decision for `op` (bucket by `num_tokens`) in ladle.observe.dispatch; returns whether
+    the Triton path runs (asked for by `use_triton` and eligible, i.e. `reason` is None)."""
+    return dispatch.decide(op, dispatch.tokens_bucket(num_tokens), configured=use_triton, ineligible_reason=reason)

@@ -19,9 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.attention_prefill import dot_precision
-
-LOG2E = 1.4426950408889634
+from ladle.kernels._common import LOG2E, dot_precision, num_sms
 
 
 @triton.jit
@@ -126,12 +124,6 @@ def default_decode_config(head_dim: int, block_size: int, on_cpu: bool, num_seqs
     return {"TILE_N": tile_n, "num_warps": 4, "num_stages": 3}
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter: a few splits so the merge path is exercised
-
-
 def decode_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -162,7 +154,7 @@ def decode_attention(
     assert num_splits is None or num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, block_table.shape[1], block_size, tile_n,
-                                       _num_sms(q.device))
+                                       num_sms(q.device))
     group = num_q_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     part_out = torch.empty((num_seqs, num_q_heads, num_splits, block_d), dtype=torch.float32, device=q.device)

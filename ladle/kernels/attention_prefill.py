@@ -23,13 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """`tl.dot` input precision: exact fp32 ("ieee") for float32 inputs, so a float32 run matches the float32
-    reference instead of carrying TF32 rounding (10-bit mantissa); ignored for bf16/fp16 inputs."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+from ladle.kernels._common import LOG2E, dot_precision
 
 
 @triton.jit

@@ -29,17 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import interpreting, triton_ok
+from ladle.kernels._common import decide_triton, interpreting, triton_ok
 from ladle.kernels.moe_align import moe_align_triton
-
-try:
-    from ladle.observe import dispatch as _dispatch
-except ImportError:  # pragma: no cover
-    _dispatch = None
+from ladle.observe import dispatch
 
 OP = "fused_moe"
-if _dispatch is not None:
-    _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); bf16/fp16/fp32 weights = x dtype")
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); bf16/fp16/fp32 weights = x dtype")
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -252,10 +247,7 @@ def fused_moe(
 ) -> torch.Tensor:
     """Dispatching entry point (records op "fused_moe"); the fallback is the float32 reference."""
     reason = fused_moe_ineligible(x, w13)
-    run_fast = use_triton and reason is None
-    if _dispatch is not None:
-        run_fast = _dispatch.decide(OP, _dispatch.tokens_bucket(x.shape[0]), configured=use_triton,
-                                    ineligible_reason=reason)
+    run_fast = decide_triton(OP, x.shape[0], use_triton, reason)
     if run_fast:
         return fused_moe_triton(x, w13, w2, topk_ids, topk_weights, alpha, limit)
     return fused_moe_ref(x, w13, w2, topk_ids, topk_weights, alpha, limit, compute_dtype=torch.float32)

@@ -20,16 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import triton_ok
-
-try:
-    from ladle.observe import dispatch as _dispatch
-except ImportError:  # pragma: no cover
-    _dispatch = None
+from ladle.kernels._common import decide_triton, triton_ok
+from ladle.observe import dispatch
 
 OP = "moe_router"
-if _dispatch is not None:
-    _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch fp32 matmul")
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch fp32 matmul")
 
 
 @triton.jit
@@ -135,9 +130,6 @@ def moe_router(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatching entry point (records op "moe_router")."""
     reason = triton_ok(x, gate_weight)
-    run_fast = use_triton and reason is None
-    if _dispatch is not None:
-        run_fast = _dispatch.decide(OP, _dispatch.tokens_bucket(x.shape[0]), configured=use_triton,
-                                    ineligible_reason=reason)
+    run_fast = decide_triton(OP, x.shape[0], use_triton, reason)
     fn = moe_router_triton if run_fast else moe_router_ref
     return fn(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)

@@ -37,20 +37,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import interpreting, triton_ok
-
-try:  # the dispatch registry is a stdlib-only leaf; guard anyway so this file imports on its own
-    from ladle.observe import dispatch as _dispatch
-except ImportError:  # pragma: no cover
-    _dispatch = None
+from ladle.kernels._common import decide_triton, interpreting, num_sms, pow2_dot_reason, triton_ok
+from ladle.observe import dispatch
 
 OP = "msa_indexer"
 # Up to this many requests, find a tile's request with one vector load of query_start_loc instead of a
 # binary search (log2(B) dependent loads at the head of every program). Off by default: it passed the CPU
 # interpreter tests but has not yet run on a GPU (device budget ran out); set 4096 to try it.
 VEC_SEARCH_MAX_REQS = 0
-if _dispatch is not None:
-    _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and index dim")
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and index dim")
 
 
 @triton.jit
@@ -180,31 +175,17 @@ def _index_topk_kernel(
     tl.store(out_ptr + (h.to(tl.int64) * num_tokens + t) * TOPK + slot, sel, mask=slot < TOPK)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
 def default_num_splits(num_tokens: int, num_reqs: int, max_blocks: int, block_q: int, device: torch.device) -> int:
     """Split count over key blocks from shape constants only (so a CUDA graph bucket always gets the same grid):
     aim for ~4 programs per SM, power of two, at most next_pow2(max_blocks)."""
     tiles = triton.cdiv(num_tokens, block_q) + num_reqs
-    want = triton.cdiv(4 * _num_sms(device), max(tiles, 1))
+    want = triton.cdiv(4 * num_sms(device), max(tiles, 1))
     return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(max(max_blocks, 1))))
 
 
 def msa_indexer_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor) -> Optional[str]:
     """Eligibility rule of the Triton path: None when it may run, else the reason."""
-    reason = triton_ok(index_q, index_k_cache)
-    if reason:
-        return reason
-    d, bs = index_q.shape[-1], index_k_cache.shape[1]
-    if d & (d - 1) or bs & (bs - 1):
-        return f"index_head_dim {d} / block_size {bs} not a power of two"
-    if index_q.device.type == "cuda" and (bs < 16 or d < 16):
-        return "block_size and index_head_dim must be >= 16 for tl.dot"
-    return None
+    return triton_ok(index_q, index_k_cache) or pow2_dot_reason(index_q, index_k_cache, "index_head_dim")
 
 
 def msa_indexer_triton(
@@ -308,10 +289,7 @@ def msa_indexer(
     """Dispatching entry point: the Triton kernel when configured and eligible, else the reference; the decision
     is recorded in ladle.observe.dispatch under op "msa_indexer"."""
     reason = msa_indexer_ineligible(index_q, index_k_cache)
-    run_fast = use_triton and reason is None
-    if _dispatch is not None:
-        run_fast = _dispatch.decide(OP, _dispatch.tokens_bucket(index_q.shape[0]), configured=use_triton,
-                                    ineligible_reason=reason)
+    run_fast = decide_triton(OP, index_q.shape[0], use_triton, reason)
     if run_fast:
         return msa_indexer_triton(index_q, index_k_cache, block_table, positions, query_start_loc, topk, **kwargs)
     return msa_indexer_ref(index_q, index_k_cache, block_table, positions, query_start_loc, topk)

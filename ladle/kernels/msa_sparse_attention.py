@@ -23,22 +23,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import check_cache_pair, interpreting, triton_ok
-
-try:
-    from ladle.observe import dispatch as _dispatch
-except ImportError:  # pragma: no cover
-    _dispatch = None
+from ladle.kernels._common import (LOG2E, check_cache_pair, decide_triton, interpreting, num_sms,
+                                   pow2_dot_reason, triton_ok)
+from ladle.observe import dispatch
 
 OP = "msa_sparse_attention"
 # Up to this many requests, find a token's request with one vector load of query_start_loc instead of a
 # binary search (log2(B) dependent loads at the head of every program). Off by default: it passed the CPU
 # interpreter tests but has not yet run on a GPU (device budget ran out); set 4096 to try it.
 VEC_SEARCH_MAX_REQS = 0
-if _dispatch is not None:
-    _dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
-
-_LOG2E = 1.4426950408889634
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
 
 
 @triton.jit
@@ -170,23 +164,14 @@ def _merge_kernel(pacc_ptr, pml_ptr, out_ptr, num_heads, stride_ot, stride_oh,
 def default_num_splits(num_tokens: int, num_kv_heads: int, topk: int, device: torch.device) -> int:
     """Splits over the top-k slots from shape constants only: the largest power of two with about 2 programs
     per SM, at most topk/2 (H200 sweep in benchmarks/gpu_m3_suite.py: B=32 -> 8, B=128 -> 2)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = max(1, (2 * sms) // max(num_tokens * num_kv_heads, 1))
+    want = max(1, (2 * num_sms(device)) // max(num_tokens * num_kv_heads, 1))
     prev_p2 = 1 << (want.bit_length() - 1)
     return max(1, min(prev_p2, triton.next_power_of_2(topk) // 2 or 1))
 
 
 def msa_sparse_attention_ineligible(q: torch.Tensor, key_cache: torch.Tensor) -> Optional[str]:
     """Eligibility rule of the Triton path: None when it may run, else the reason."""
-    reason = triton_ok(q, key_cache)
-    if reason:
-        return reason
-    d, bs = q.shape[-1], key_cache.shape[1]
-    if d & (d - 1) or bs & (bs - 1):
-        return f"head_dim {d} / block_size {bs} not a power of two"
-    if q.device.type == "cuda" and (bs < 16 or d < 16):
-        return "block_size and head_dim must be >= 16 for tl.dot"
-    return None
+    return triton_ok(q, key_cache) or pow2_dot_reason(q, key_cache, "head_dim")
 
 
 def msa_sparse_attention_triton(
@@ -239,7 +224,7 @@ def msa_sparse_attention_triton(
     big = bs * D >= 128 * 128
     _sparse_attn_kernel[(T, Hkv, num_splits)](
         q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out, pacc, pml,
-        B, T, scale * _LOG2E,
+        B, T, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
@@ -297,10 +282,7 @@ def msa_sparse_attention(
 ) -> torch.Tensor:
     """Dispatching entry point (records op "msa_sparse_attention" in ladle.observe.dispatch)."""
     reason = msa_sparse_attention_ineligible(q, key_cache)
-    run_fast = use_triton and reason is None
-    if _dispatch is not None:
-        run_fast = _dispatch.decide(OP, _dispatch.tokens_bucket(q.shape[0]), configured=use_triton,
-                                    ineligible_reason=reason)
+    run_fast = decide_triton(OP, q.shape[0], use_triton, reason)
     args = (q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, scale)
     if run_fast:
         return msa_sparse_attention_triton(*args, **kwargs)

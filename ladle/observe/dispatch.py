@@ -46,29 +46,31 @@ def decide(op: str, bucket: str, *, configured: bool, ineligible_reason: Optiona
     """
     eligible = ineligible_reason is None
     executed = configured and eligible
-    with _LOCK:
-        row = _COUNTS.setdefault((op, bucket), [0, 0, 0, 0])
-        row[0] += int(configured)
-        row[1] += int(eligible)
-        row[2] += int(executed)
-        row[3] += 1
-        if configured and not eligible:
-            key = (op, str(ineligible_reason))
-            _REASONS[key] = _REASONS.get(key, 0) + 1
+    fallback = str(ineligible_reason) if configured and not eligible else None
+    _count(op, bucket, configured, eligible, executed, fallback)
     return executed
 
 
 def record(op: str, bucket: str, *, configured: bool, eligible: bool, executed: bool,
            reason: Optional[str] = None) -> None:
     """Record an outcome decided elsewhere (e.g. a layer that picked its backend itself)."""
+    fallback = None
+    if configured and not executed:
+        fallback = reason or ("not eligible" if not eligible else "not executed")
+    _count(op, bucket, configured, eligible, executed, fallback)
+
+
+def _count(op: str, bucket: str, configured: bool, eligible: bool, executed: bool,
+           fallback_reason: Optional[str]) -> None:
+    """Add one call to the (op, bucket) row, and one to (op, fallback_reason) unless that is None."""
     with _LOCK:
         row = _COUNTS.setdefault((op, bucket), [0, 0, 0, 0])
         row[0] += int(configured)
         row[1] += int(eligible)
         row[2] += int(executed)
         row[3] += 1
-        if configured and not executed:
-            key = (op, reason or ("not eligible" if not eligible else "not executed"))
+        if fallback_reason is not None:
+            key = (op, fallback_reason)
             _REASONS[key] = _REASONS.get(key, 0) + 1
 
 

@@ -22,9 +22,9 @@ from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, Ch
                                    ChatCompletionStreamResponse, ChatLogprobToken, ChatResponseMessage, DeltaMessage,
                                    TopLogprob, random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob,
-                                         close_runs, collect_runs, include_usage, make_sampling_params, make_usage,
-                                         merge_runs, resolve_max_tokens, sse, start_runs)
+                                         clamp_logprob, close_runs, collect_runs, include_usage, make_sampling_params,
+                                         make_usage, merge_runs, resolve_max_tokens, sse, stop_reason_or_none,
+                                         stream_runs)
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
@@ -104,15 +104,7 @@ class ChatHandler:
                 return StreamingResponse(self._replay(req, response), media_type="text/event-stream")
             return JSONResponse(response.model_dump())
         if req.stream:
-            try:
-                await start_runs(self.ctx, raw, runs)
-            except ClientDisconnected:
-                await close_runs(self.ctx, runs)
-                return Response(status_code=499)
-            except BaseException:
-                await close_runs(self.ctx, runs)
-                raise
-            return StreamingResponse(self._stream(req, run), media_type="text/event-stream")
+            return await stream_runs(self.ctx, raw, runs, lambda: self._stream(req, run))
         try:
             await collect_runs(self.ctx, raw, runs)
         except ClientDisconnected:
@@ -135,7 +127,7 @@ class ChatHandler:
             choices.append(ChatCompletionResponseChoice(
                 index=i, message=ChatResponseMessage(content=c.text), logprobs=logprobs,
                 finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason if isinstance(c.stop_reason, (int, str)) else None))
+                stop_reason=stop_reason_or_none(c.stop_reason)))
         usage = make_usage([run])
         return ChatCompletionResponse(id=random_id("chatcmpl"), model=self.ctx.model_name, choices=choices,
                                       usage=usage)
@@ -177,7 +169,7 @@ class ChatHandler:
                     yield chunk(ChatCompletionStreamChoice(
                         index=c.index, delta=DeltaMessage(content=c.text_delta), logprobs=logprobs,
                         finish_reason=c.finish_reason,
-                        stop_reason=c.stop_reason if isinstance(c.stop_reason, (int, str)) else None))
+                        stop_reason=stop_reason_or_none(c.stop_reason)))
             if include_usage(req):
                 yield sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
                                                                   usage=make_usage([run]))))

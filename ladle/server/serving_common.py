@@ -17,9 +17,10 @@ import json
 
 import anyio
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, Union
 
 from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
@@ -276,6 +277,21 @@ async def collect_runs(ctx: ServingContext, raw: Optional[Request], runs: list[P
         await close_runs(ctx, runs)
 
 
+async def stream_runs(ctx: ServingContext, raw: Optional[Request], runs: list[PromptRun],
+                      body: Callable[[], AsyncIterator[str]]) -> Response:
+    """Streaming: start every run (errors raise before any SSE byte, so they become 4xx/5xx), then stream
+    `body()`, which owns closing the runs. A client gone during the start gets 499; any failure closes the runs."""
+    try:
+        await start_runs(ctx, raw, runs)
+    except ClientDisconnected:
+        await close_runs(ctx, runs)
+        return Response(status_code=499)
+    except BaseException:
+        await close_runs(ctx, runs)
+        raise
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
 def make_usage(runs: list[PromptRun]) -> UsageInfo:
     prompt = sum(len(r.prompt_ids) for r in runs)
     completion = sum(len(c.token_ids) for r in runs for c in r.choices.values())
@@ -287,6 +303,11 @@ def make_usage(runs: list[PromptRun]) -> UsageInfo:
 def clamp_logprob(value: float) -> float:
     """-inf (and NaN) are not JSON; report them as -9999.0, as vLLM does."""
     return value if value == value and value > -9999.0 else -9999.0
+
+
+def stop_reason_or_none(value: object) -> Optional[Union[int, str]]:
+    """The engine's stop_reason as the API reports it: the matched stop token id or string, else None."""
+    return value if isinstance(value, (int, str)) else None
 
 
 def sse(obj: dict) -> str:

@@ -19,9 +19,9 @@ from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, Comple
                                    CompletionResponseChoice, CompletionStreamChoice, CompletionStreamResponse,
                                    random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob,
-                                         close_runs, collect_runs, include_usage, make_sampling_params, make_usage,
-                                         merge_runs, resolve_max_tokens, sse, start_runs)
+                                         clamp_logprob, close_runs, collect_runs, include_usage, make_sampling_params,
+                                         make_usage, merge_runs, resolve_max_tokens, sse, stop_reason_or_none,
+                                         stream_runs)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -95,15 +95,7 @@ class CompletionHandler:
         runs, zero = self._build_runs(req)
         needs_engine = not zero or (req.echo and req.logprobs is not None)
         if req.stream and not zero:
-            try:
-                await start_runs(self.ctx, raw, runs)
-            except ClientDisconnected:
-                await close_runs(self.ctx, runs)
-                return Response(status_code=499)
-            except BaseException:
-                await close_runs(self.ctx, runs)
-                raise
-            return StreamingResponse(self._stream(req, runs), media_type="text/event-stream")
+            return await stream_runs(self.ctx, raw, runs, lambda: self._stream(req, runs))
         try:
             if needs_engine:
                 await collect_runs(self.ctx, raw, runs)
@@ -130,7 +122,7 @@ class CompletionHandler:
             return CompletionResponseChoice(index=run.index * req.n + index, text=text, logprobs=logprobs,
                                             finish_reason="length")
         return CompletionResponseChoice(index=run.index * req.n + index, text=text + c.text, logprobs=logprobs,
-                                        finish_reason=c.finish_reason, stop_reason=_stop_reason(c.stop_reason))
+                                        finish_reason=c.finish_reason, stop_reason=stop_reason_or_none(c.stop_reason))
 
     def _response(self, req: CompletionRequest, runs: list[PromptRun], zero: bool) -> CompletionResponse:
         choices = [self._choice(req, run, i, zero) for run in runs for i in range(req.n)]
@@ -180,7 +172,7 @@ class CompletionHandler:
                         continue
                     choice = CompletionStreamChoice(index=index, text=text, logprobs=logprobs,
                                                     finish_reason=c.finish_reason,
-                                                    stop_reason=_stop_reason(c.stop_reason))
+                                                    stop_reason=stop_reason_or_none(c.stop_reason))
                     yield sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[choice])))
             if include_usage(req):
                 yield sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
@@ -192,7 +184,3 @@ class CompletionHandler:
             yield SSE_DONE
         finally:
             await close_runs(ctx, runs)
-
-
-def _stop_reason(value: object) -> Optional[Union[int, str]]:
-    return value if isinstance(value, (int, str)) else None

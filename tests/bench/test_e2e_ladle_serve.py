@@ -7,24 +7,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 
+from ladle_serve_process import LadleServeProcess  # tests/ladle_serve_process.py
 from test_bench_cli import VLLM_FIELDS
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -32,32 +23,10 @@ def ladle_server(tmp_path_factory):
     if importlib.util.find_spec("ladle.server.api") is None or importlib.util.find_spec(
             "ladle.engine.async_engine") is None:
         pytest.skip("`ladle serve` is not written yet")
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    log = open(log_path, "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "ladle", "serve", "--port", str(port), "--max-model-len", "1024",
-                             "--kv-cache-memory-bytes", "256M", "--uvicorn-log-level", "warning"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + float(os.environ.get("LADLE_TEST_STARTUP_TIMEOUT", "300"))
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.seek(0)
-            pytest.fail("`ladle serve` did not start:\n" + log.read()[-4000:])
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    serve = LadleServeProcess(["--max-model-len", "1024", "--kv-cache-memory-bytes", "256M"],
+                              tmp_path_factory.mktemp("serve") / "serve.log").start()
+    yield serve.url
+    serve.stop()
 
 
 def test_bench_serve_against_ladle_serve(ladle_server, tmp_path):

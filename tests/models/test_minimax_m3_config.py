@@ -7,10 +7,6 @@ import copy
 import importlib.util
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -20,17 +16,7 @@ from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
 from ladle.models.minimax_m3_config import parse_m3_config
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def release_root() -> dict:
@@ -197,35 +183,16 @@ def test_llm_generate_matches_manual_greedy(ckpt):
     assert again[0].num_cached_tokens == 144 and again[0].outputs[0].token_ids == miss[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(importlib.util.find_spec("ladle.engine.async_engine") is None, reason="no async engine yet")
 def test_serve_tiny_answers_chat(ckpt, tmp_path):
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx")
     openai = pytest.importorskip("openai")
-    port = _free_port()
-    log = open(tmp_path / "serve.log", "w+")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "ladle", "serve", ckpt, "--port", str(port),
-                             "--kv-cache-memory-bytes", "32M", "--uvicorn-log-level", "warning"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
+    from ladle_serve_process import LadleServeProcess  # tests/ladle_serve_process.py (needs httpx)
+
+    serve = LadleServeProcess([ckpt, "--kv-cache-memory-bytes", "32M"], tmp_path / "serve.log",
+                              env=dict(os.environ, OMP_NUM_THREADS="1")).start(timeout=180)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, "ladle serve exited:\n" + (log.seek(0) or log.read()[-3000:])
-            assert time.monotonic() < deadline, "ladle serve did not become ready"
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=serve.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         msgs = [{"role": "user", "content": "Say hi"}]
         r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0)
@@ -235,12 +202,7 @@ def test_serve_tiny_answers_chat(ckpt, tmp_path):
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed == r.choices[0].message.content
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        serve.stop()
 
 
 def release_text_config() -> dict:

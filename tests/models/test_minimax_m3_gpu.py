@@ -7,16 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladle.models.checkpoint_m3 import make_checkpoint
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
 
 pytestmark = pytest.mark.gpu
 BLOCK = 16
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny")
 
 
 def prompt(n: int, seed: int) -> list[int]:

@@ -7,24 +7,18 @@ import pytest
 import torch
 
 from ladle.layers.moe import MoE, swigluoai
-from ladle.models.checkpoint_m3 import make_checkpoint
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
 from ladle.models.minimax_m3_weights import dequant_block_fp8, quantize_mxfp8
 
 BLOCK, TOPK = 16, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return load_m3_dir(make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny"), torch.float32)
+def lm(ckpt):
+    return load_m3_dir(ckpt, torch.float32)
 
 
 def prompt(n: int, seed: int) -> list[int]:

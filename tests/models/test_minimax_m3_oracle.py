@@ -24,18 +24,7 @@ COS_MIN = 0.99999
 TOPK, BLOCK = 4, 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops on a shared 2-core box: intra-op threads only add contention (25x slower measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

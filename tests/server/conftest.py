@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import httpx
 import pytest
 
 from fake_engine import FakeEngineClient
-from harness import REAL_MAX_MODEL_LEN, Server, _wait_ready, free_port, start_fake
+from harness import REAL_MAX_MODEL_LEN, Server, start_fake
+from ladle_serve_process import LadleServeProcess
 
 
 @pytest.fixture(scope="session")
@@ -38,30 +37,12 @@ def real_server(tmp_path_factory):
         return
     if importlib.util.find_spec("ladle.engine.async_engine") is None:
         pytest.skip("ladle.engine.async_engine is not written yet")
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("serve") / "ladle-serve.log", "w+")
-    cmd = [sys.executable, "-m", "ladle", "serve", "--port", str(port), "--max-model-len", str(REAL_MAX_MODEL_LEN),
-           "--kv-cache-memory-bytes", "512M", "--uvicorn-log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc)
-    except Exception:
-        proc.kill()
-        log.seek(0)
-        raise RuntimeError("`ladle serve` did not start; its log:\n" + log.read()[-5000:])
-    model = httpx.get(url + "/v1/models").json()["data"][0]
-    yield Server("real", url, model["id"], model["max_model_len"])
-    proc.terminate()  # SIGTERM: uvicorn stops, the lifespan shuts the engine down, exit status 0
-    try:
-        status = proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        status = "no exit within 30 s"
-    log.seek(0)
-    tail = log.read()[-3000:]
-    log.close()
-    assert status == 0, f"`ladle serve` did not exit cleanly on SIGTERM ({status}); log:\n{tail}"
+    serve = LadleServeProcess(["--max-model-len", str(REAL_MAX_MODEL_LEN), "--kv-cache-memory-bytes", "512M"],
+                              tmp_path_factory.mktemp("serve") / "ladle-serve.log").start()
+    model = httpx.get(serve.url + "/v1/models").json()["data"][0]
+    yield Server("real", serve.url, model["id"], model["max_model_len"])
+    status = serve.stop()  # SIGTERM: uvicorn stops, the lifespan shuts the engine down, exit status 0
+    assert status == 0, f"`ladle serve` did not exit cleanly on SIGTERM ({status}); log:\n{serve.log_tail(3000)}"
 
 
 @pytest.fixture(params=["fake", "real"])

@@ -1,33 +1,21 @@
-"""Helpers behind the server fixtures: a `Server` handle, free ports, readiness wait, an in-thread uvicorn."""
+"""Helpers behind the server fixtures: a `Server` handle and an in-thread uvicorn (free ports and the readiness
+wait come from tests/ladle_serve_process.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Optional
 
 import httpx
-import pytest
 import uvicorn
 
 from fake_engine import FakeEngineClient
+from ladle_serve_process import free_port, wait_ready as _wait_ready  # tests/ladle_serve_process.py, shared
 from ladle.config import ServerConfig
 from ladle.server.api import build_app
 
-STARTUP_TIMEOUT_S = float(os.environ.get("LADLE_TEST_STARTUP_TIMEOUT", "300"))
 REAL_MAX_MODEL_LEN = 2048
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -56,20 +44,6 @@ class Server:
             name = name_labels.split("{", 1)[0]
             out[name] = out.get(name, 0.0) + float(value)
         return out
-
-
-def _wait_ready(base_url: str, proc: Optional[subprocess.Popen] = None, timeout: float = STARTUP_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"`ladle serve` exited with status {proc.returncode} during startup")
-        try:
-            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"server at {base_url} not ready after {timeout:.0f} s")
 
 
 class _ThreadServer(uvicorn.Server):
