@@ -15,6 +15,9 @@ Method (benchmarks/gpu_bench_common.py, METHOD.md): ceilings (copy bandwidth, bf
 each kernel timed as a single eager launch (do_bench median, L2 flushed) and as a CUDA-graph replay over R input
 sets totalling >= 4x the 50 MB L2; error against a torch reference computed in the same run. The table is printed
 last; everything goes to --out as JSON.
+
+The TP4-rank proxy (whole decode step and 8K prefill through the engine, against the byte / FLOP rooflines) is
+benchmarks/gpu_m3_proxy.py (run separately: it holds ~120 GiB of the GPU).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank [--dtype bf16|mxfp8] [--config-only] OUT`.
+"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank [--dtype bf16|mxfp8] [--config-only] [--num-layers N] OUT`.
 
 Writes a synthetic MiniMax-M3 checkpoint in the *release* layout (design/minimax_m3.md §1.1, §2, §5): root
 `minimax_m3_vl` wrapper config written by hand in the release form (freq lists, `sparse_attention_config`, flat
@@ -10,6 +10,17 @@ Weights are streamed shard by shard (never the whole model in memory), each tens
 (seed, name) so the result does not depend on shard size. Draws exercise every path: norm offsets ~N(0, 0.1),
 correction bias ~N(0, 0.5), and the first rows of every gate/up projection scaled so |pre-activation| exceeds the
 swiglu clamp (7.0) on both sides.
+
+Fewer layers (the one-GPU TP4-rank proxy, issue 6): a preset's layer plan is three lists (`moe_layer_freq`,
+`sparse_attention_config.sparse_attention_freq` and `.sparse_disable_index_value`) that must be as long as
+`num_hidden_layers` (the parser refuses a mismatch), so overriding `num_hidden_layers` alone does not work. Two ways:
+* `--num-layers N` writes a config that keeps the preset's first N layers (lists cut to N);
+* or keep the full config and load it with `--hf-overrides "$(python -c 'from ladle.models.checkpoint_m3 import
+  layer_overrides_json; print(layer_overrides_json("tp4-rank", 28))')"`, i.e. for tp4-rank and N = 28 exactly
+  (3 dense + 25 sparse/MoE layers; `1,` repeated 25 times in each list):
+  `{"text_config": {"num_hidden_layers": 28, "moe_layer_freq": [0,0,0,1,...,1], "sparse_attention_config":
+  {"sparse_attention_freq": [0,0,0,1,...,1], "sparse_disable_index_value": [0,0,0,1,...,1]}}}`
+  (the loader merges nested dicts key by key, so the other `sparse_attention_config` keys stay).
 """
 
 from __future__ import annotations
@@ -61,6 +72,36 @@ def text_config(preset: str) -> dict:
         "num_mtp_modules": 0, "sparse_attention_config": _sparse_cfg(n, n_dense, nkv, hd, block, topk),
         "bos_token_id": bos, "eos_token_id": eos,
     }
+
+
+def _plan_overrides(tc: dict, num_layers: int) -> dict:
+    """The text-config keys that change when only the first `num_layers` layers of `tc` are kept."""
+    n = int(tc["num_hidden_layers"])
+    if not 1 <= num_layers <= n:
+        raise ValueError(f"num_layers must be in [1, {n}], got {num_layers}")
+    sc = tc["sparse_attention_config"]
+    return {"num_hidden_layers": num_layers, "moe_layer_freq": list(tc["moe_layer_freq"][:num_layers]),
+            "sparse_attention_config": {k: list(sc[k][:num_layers])
+                                        for k in ("sparse_attention_freq", "sparse_disable_index_value")}}
+
+
+def cut_layers(tc: dict, num_layers: int) -> dict:
+    """A copy of text config `tc` keeping its first `num_layers` layers (layer-plan lists cut to match).
+    Raises ValueError when num_layers is not in [1, num_hidden_layers]."""
+    o = _plan_overrides(tc, num_layers)
+    return {**tc, **o, "sparse_attention_config": {**tc["sparse_attention_config"], **o["sparse_attention_config"]}}
+
+
+def layer_overrides(preset_or_tc: "str | dict", num_layers: int) -> dict:
+    """`--hf-overrides` dict that keeps the first `num_layers` layers of a root config whose `text_config` is
+    the preset's (or the given text config dict): {"text_config": {num_hidden_layers, the three plan lists}}."""
+    tc = text_config(preset_or_tc) if isinstance(preset_or_tc, str) else preset_or_tc
+    return {"text_config": _plan_overrides(tc, num_layers)}
+
+
+def layer_overrides_json(preset_or_tc: "str | dict", num_layers: int) -> str:
+    """`layer_overrides` as the compact JSON string to pass to `--hf-overrides`."""
+    return json.dumps(layer_overrides(preset_or_tc, num_layers), separators=(",", ":"))
 
 
 def root_config(tc: dict, dtype: str) -> dict:
@@ -190,10 +231,13 @@ def write_weights(out: str, tc: dict, dtype: str, seed: int, shard_bytes: int) -
 
 
 def make_checkpoint(out: str, preset: str = "tiny", dtype: str = "bf16", config_only: bool = False,
-                    seed: int = 0, shard_bytes: int | None = None) -> str:
-    """Write the checkpoint directory `out` (created if needed). Returns `out`."""
-    os.makedirs(out, exist_ok=True)
+                    seed: int = 0, shard_bytes: int | None = None, num_layers: int | None = None) -> str:
+    """Write the checkpoint directory `out` (created if needed); `num_layers` keeps the preset's first N layers
+    (see the module doc). Returns `out`."""
     tc = text_config(preset)
+    if num_layers is not None:
+        tc = cut_layers(tc, num_layers)
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(root_config(tc, dtype), f, indent=1)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
@@ -211,8 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "mxfp8"], default="bf16")
     ap.add_argument("--config-only", action="store_true", help="config + tokenizer only (for --load-format dummy)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-layers", type=int, default=None,
+                    help="keep only the preset's first N layers (e.g. 28 for the one-GPU tp4-rank proxy in bf16)")
     ap.add_argument("out", help="output directory")
     args = ap.parse_args(argv)
-    make_checkpoint(args.out, args.preset, args.dtype, args.config_only, args.seed)
-    print(f"wrote MiniMax-M3 {args.preset} ({args.dtype}{', config only' if args.config_only else ''}) to {args.out}")
+    try:
+        make_checkpoint(args.out, args.preset, args.dtype, args.config_only, args.seed, num_layers=args.num_layers)
+    except ValueError as exc:
+        ap.error(str(exc))
+    layers = f", {args.num_layers} layers" if args.num_layers else ""
+    print(f"wrote MiniMax-M3 {args.preset} ({args.dtype}{layers}{', config only' if args.config_only else ''}) "
+          f"to {args.out}")
     return 0
