@@ -139,6 +139,31 @@ def vllm_flags_version() -> str:
     return text.splitlines()[0].lstrip("# ").strip()
 
 
+# vLLM flags that ask for what ladle always does, or that concern features ladle lacks by design (remote code);
+# accepted and ignored so a pasted vLLM recipe keeps working. Value-taking ones consume their value.
+NO_OP_VLLM_FLAGS = {
+    "--enable-chunked-prefill": "chunked prefill is always on in ladle",
+    "--no-enable-chunked-prefill": None,  # turning it off is a real change: reported as not supported
+    "--disable-log-requests": "ladle does not log request contents",
+    "--disable-log-stats": "ladle logs no periodic stats",
+    "--trust-remote-code": "ladle never runs model repository code (configs are parsed as plain JSON)",
+    "--disable-uvicorn-access-log": "accepted; access logs follow --uvicorn-log-level",
+}
+
+
+def strip_no_op_flags(argv: list[str]) -> list[str]:
+    """Drop the NO_OP_VLLM_FLAGS (bare form or `--flag=true`) with a one-line note each; other tokens unchanged."""
+    out: list[str] = []
+    for token in argv:
+        name, _, value = token.partition("=")
+        note = NO_OP_VLLM_FLAGS.get(name)
+        if note and value.lower() in ("", "true", "1"):
+            print(f"ladle: ignoring {name}: {note}", file=sys.stderr)
+            continue
+        out.append(token)
+    return out
+
+
 def check_unsupported(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """Exit with "not supported yet: FLAG" for a known vLLM flag that `parser` does not define."""
     known = set(parser._option_string_actions)  # every option string the parser accepts
@@ -176,5 +201,6 @@ def flags_markdown() -> str:
 
 def parse_serve_args(parser: argparse.ArgumentParser, argv: list[str]) -> Optional[argparse.Namespace]:
     """check_unsupported then parse; argparse's own errors (bad values, unknown flags) stay as they are."""
+    argv = strip_no_op_flags(argv)
     check_unsupported(parser, argv)
     return parser.parse_args(argv)

@@ -15,6 +15,7 @@ import dataclasses
 import hmac
 import logging
 import signal
+import socket
 import sys
 from typing import Any, Optional
 
@@ -188,6 +189,12 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ladle.engine.async_engine import AsyncEngine
 
+    try:  # bind before loading the model, so a busy port fails in a second, not after the load
+        sock = bind_socket(server_config.host, server_config.port)
+    except OSError as e:
+        print(f"ladle serve: error: cannot listen on {server_config.host}:{server_config.port}: {e.strerror or e} "
+              "(pass another --port, or stop the process using it)", file=sys.stderr)
+        return 1
     try:
         engine = AsyncEngine.from_config(engine_config)
     except Exception as e:  # load/config errors carry user-facing messages; no traceback unless asked
@@ -202,5 +209,19 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     # uvicorn shuts down gracefully on SIGTERM (lifespan -> engine.shutdown()) and then re-raises the signal
     # under the handler that was installed before it started: make that one a clean exit (status 0).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn (it listens on it). Raises OSError when the address is taken or invalid."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock

@@ -79,6 +79,9 @@ class ChatHandler:
             kwargs["continue_final_message"] = True
         if req.tools:
             kwargs["tools"] = req.tools
+        if req.tool_choice not in (None, "none", "auto"):  # forcing a call needs a tool-call parser
+            raise OpenAIError("not supported yet: tool_choice other than \"none\" or \"auto\" (ladle has no "
+                              "tool-call parser yet, so it cannot guarantee a call)", 400, "tool_choice")
         try:
             prompt_ids = apply_chat_template(ctx.tokenizer, _message_dicts(req),
                                              add_generation_prompt=req.add_generation_prompt

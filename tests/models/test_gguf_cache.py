@@ -53,6 +53,10 @@ def test_key_changes_with_the_file(tmp_path):
     f = tmp_path / "m.gguf"
     f.write_bytes(b"abc")
     k1 = gguf_cache.cache_key(str(f))
-    f.write_bytes(b"abcd")
+    f.write_bytes(b"abcd")  # different content -> different key
     assert gguf_cache.cache_key(str(f)) != k1
     assert gguf_cache.cached_dir(str(f)) is None
+    twin = tmp_path / "elsewhere" / "m.gguf"  # same content in another place (another clone) -> same copy
+    twin.parent.mkdir()
+    twin.write_bytes(b"abcd")
+    assert gguf_cache.cache_key(str(twin)) == gguf_cache.cache_key(str(f))

@@ -160,6 +160,9 @@ def test_chat_fields(fake_server):
         assert msg["content"] == SCRIPT[:3] and msg["tool_calls"] == [] and "reasoning_content" in msg
         assert c.post("/v1/chat/completions", json={**base, "top_logprobs": 2}).status_code == 400
         assert c.post("/v1/chat/completions", json={**base, "messages": []}).status_code == 400
+        forced = c.post("/v1/chat/completions", json={**base, "tool_choice": "required",
+                                                      "tools": [{"type": "function", "function": {"name": "f"}}]})
+        assert forced.status_code == 400 and forced.json()["error"]["param"] == "tool_choice"
         img = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
         r = c.post("/v1/chat/completions", json={**base, "messages": img})
         assert r.status_code == 400 and "not supported yet" in r.json()["error"]["message"]

@@ -112,3 +112,26 @@ def test_subcommands():
 def test_startup_error_is_a_message_not_a_traceback():
     r = _run("serve", "/nonexistent/model.gguf", "--port", "1")
     assert r.returncode == 1 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_no_op_vllm_flags_are_accepted_with_a_note(capsys):
+    args = parse_serve_args(serve_parser(), ["--enable-chunked-prefill", "--trust-remote-code",
+                                             "--disable-log-requests", "--max-num-seqs", "8"])
+    engine, _ = configs_from_args(args)
+    assert engine.scheduler.max_num_seqs == 8
+    err = capsys.readouterr().err
+    assert "ignoring --enable-chunked-prefill" in err and "ignoring --trust-remote-code" in err
+    with pytest.raises(SystemExit):  # turning chunked prefill off is a real change: still refused
+        parse_serve_args(serve_parser(), ["--enable-chunked-prefill=false"])
+
+
+def test_busy_port_fails_before_loading_the_model():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        # The model path does not exist: had the model been loaded first, the error would name the path.
+        r = _run("serve", "/nonexistent/model.gguf", "--port", str(port))
+    assert r.returncode == 1 and "cannot listen on 127.0.0.1:" in r.stderr and "does not exist" not in r.stderr
