@@ -94,7 +94,9 @@ async def first_model(session: aiohttp.ClientSession, base_url: str) -> tuple[st
     """(id, root) of the first model in /v1/models. Raises RuntimeError if the server lists none."""
     data = await get_json(session, f"{base_url}/v1/models")
     if not data or not data.get("data"):
-        raise RuntimeError(f"no model listed at {base_url}/v1/models; pass --model")
+        hint = (" (--base-url is the server root, without /v1: the endpoint adds it)"
+                if base_url.rstrip("/").endswith("/v1") else "; pass --model")
+        raise RuntimeError(f"no model listed at {base_url}/v1/models{hint}")
     m = data["data"][0]
     return m["id"], m.get("root") or m["id"]
 
