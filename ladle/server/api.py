@@ -10,6 +10,7 @@ SIGTERM (handled by uvicorn) aborts everything and exits cleanly.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hmac
@@ -19,6 +20,7 @@ import socket
 import sys
 from typing import Any, Optional
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -184,8 +186,6 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, shut the engine down. Returns the exit status."""
-    import uvicorn
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ladle.engine.async_engine import AsyncEngine
 
@@ -209,8 +209,25 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     # uvicorn shuts down gracefully on SIGTERM (lifespan -> engine.shutdown()) and then re-raises the signal
     # under the handler that was installed before it started: make that one a clean exit (status 0).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    uvicorn.Server(config).run(sockets=[sock])
+    EngineStoppingServer(config, engine).run(sockets=[sock])
     return 0
+
+
+class EngineStoppingServer(uvicorn.Server):
+    """Aborts every request as soon as a stop signal arrives, so open streams end with finish_reason "abort" and
+    `[DONE]` instead of being cut after uvicorn's graceful-shutdown timeout. Then uvicorn shuts down as usual."""
+
+    def __init__(self, config: uvicorn.Config, engine: EngineClient):
+        super().__init__(config)
+        self._engine = engine
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        loop.create_task(self._engine.shutdown())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
