@@ -45,6 +45,7 @@ class KVCacheManager:
         self.hash_fn = hash_fn
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
         self._req_blocks: dict[str, list[KVBlock]] = {}
+        self._req_block_ids: dict[str, list[int]] = {}  # mirror of _req_blocks' ids (get_block_ids each step)
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks of the request already registered
 
     # ---- sizes -------------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table (physical ids, a new list)."""
-        return [b.block_id for b in self._req_blocks.get(request_id, ())]
+        return list(self._req_block_ids.get(request_id, ()))
 
     # ---- prefix cache ------------------------------------------------------------------------------
 
@@ -136,18 +137,24 @@ class KVCacheManager:
         """
         rid = request.request_id
         blocks = self._req_blocks.get(rid, [])
+        if not new_computed_blocks and request.num_computed_tokens + num_new_tokens <= len(blocks) * self.block_size:
+            return True  # the usual decode step: the last block still has room
         assert not new_computed_blocks or not blocks, "prefix hits only for a request without blocks"
         num_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size + num_new_tokens
         num_new_blocks = self.num_blocks_for(num_tokens) - len(blocks) - len(new_computed_blocks)
         num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if max(num_new_blocks, 0) + num_free_hits > self.pool.num_free_blocks:
             return False
+        ids = self._req_block_ids.setdefault(rid, [])
         if new_computed_blocks:
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
+            ids.extend(b.block_id for b in new_computed_blocks)
             self._num_cached_blocks[rid] = len(new_computed_blocks)
         if num_new_blocks > 0:
-            blocks.extend(self.pool.allocate(num_new_blocks))
+            new_blocks = self.pool.allocate(num_new_blocks)
+            blocks.extend(new_blocks)
+            ids.extend(b.block_id for b in new_blocks)
         self._req_blocks[rid] = blocks
         return True
 
@@ -155,5 +162,6 @@ class KVCacheManager:
         """Release all the request's blocks, tail first (so its tail is evicted before its prefix)."""
         rid = request.request_id
         blocks = self._req_blocks.pop(rid, [])
+        self._req_block_ids.pop(rid, None)
         self._num_cached_blocks.pop(rid, None)
         self.pool.free(reversed(blocks))

@@ -12,10 +12,33 @@ include_stop_str_in_output) and the caller finishes the request with reason "sto
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import functools
+from typing import Any, Callable, Optional, Sequence
 
 _REPLACEMENT = "\ufffd"
 _PROMPT_CONTEXT = 5  # prompt tokens decoded with the first outputs (spacing of SentencePiece-style vocabularies)
+
+
+def fast_decoder(tokenizer: Any, skip_special_tokens: bool) -> Optional[Callable[[list[int]], str]]:
+    """The `tokenizers` (Rust) decode of a transformers TokenizersBackend tokenizer, bound to
+    `skip_special_tokens`, or None when that is not provably what `tokenizer.decode(ids,
+    skip_special_tokens=..., clean_up_tokenization_spaces=False)` computes (a subclass overriding decode, a
+    slow tokenizer). transformers 5.x `TokenizersBackend._decode` with clean-up off is exactly
+    `self._tokenizer.decode(ids, skip_special_tokens=...)`; its Python wrapper (to_py_obj, kwargs) costs ~5x
+    the Rust call, paid twice per token per sequence."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - other transformers layouts take the plain path
+        return None
+    cls = type(tokenizer)
+    if not (isinstance(tokenizer, TokenizersBackend) and cls._decode is TokenizersBackend._decode
+            and cls.decode is PreTrainedTokenizerBase.decode):
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None:
+        return None
+    return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:
@@ -42,6 +65,7 @@ class IncrementalDetokenizer:
         self._text = ""  # all decoded text (emitted + held)
         self._emitted = 0  # chars of _text already released
         self.stop_reason: Optional[str] = None  # the stop string that matched, once one did
+        self._fast_decode = fast_decoder(tokenizer, skip_special_tokens)
 
     @property
     def output_text(self) -> str:
@@ -49,6 +73,8 @@ class IncrementalDetokenizer:
         return self._text[:self._emitted]
 
     def _decode(self, ids: list[int]) -> str:
+        if self._fast_decode is not None:
+            return self._fast_decode(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 

@@ -45,6 +45,8 @@ class _Parent:
 
     @property
     def finished(self) -> bool:
+        if len(self.choices) == 1:  # n == 1, the usual case: no generator per output
+            return self.choices[0].finish_reason is not None
         return all(c.finish_reason is not None for c in self.choices)
 
 

@@ -10,12 +10,20 @@ Flat layout for B chunks with query lengths q_0..q_{B-1} (T = sum q_i tokens):
 Logits are computed only at `logits_indices` (flat token indices), one entry per logit, grouped by chunk in
 batch order. For chunk i with P = prompt_logprob_positions: the first P fed positions (each predicts the
 next prompt token), then the chunk's last position if `sample`. `num_logits_per_req[i] = P + sample`.
+
+Host work is numpy over whole arrays (no per-token Python), and the step's integer tensors travel in two
+host->device copies: one int64 pack (input_ids | positions | slot_mapping | logits_indices | sample
+positions) and one int32 pack (query_start_loc | seq_lens | context_lens | block_table); the tensors in
+BatchInputs are contiguous views of those two device buffers, each segment starting 16-byte aligned.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate, chain
+from typing import Optional
 
+import numpy as np
 import torch
 
 from ladle.core.outputs import ScheduledChunk
@@ -28,13 +36,24 @@ class LogitsLayout:
 
     logits_indices [num_logits] int64 (flat token index of each logit); num_logits_per_req[i] for chunk i;
     sample_rows: row of each sampling chunk's logit (chunk order, sample=True chunks only);
-    prompt_rows: chunk index -> (first row, count) for chunks with prompt-logprob positions.
+    prompt_rows: chunk index -> (first row, count) for chunks with prompt-logprob positions (empty: then
+    the rows are exactly the sampling chunks', in order, and sample_rows == range(num_logits));
+    sample_positions [len(sample_rows)] int64: absolute position of the token each sampling chunk samples
+    (= its seq_len), on the device (the sampler's counter-based draw reads it);
+    every_token: logits_indices == arange(T) (e.g. a decode step sampling every request): logits can be
+    computed from the hidden states without a gather.
     """
 
     logits_indices: torch.Tensor
     num_logits_per_req: list[int]
     sample_rows: list[int]
     prompt_rows: dict[int, tuple[int, int]]
+    sample_positions: Optional[torch.Tensor] = None
+    every_token: bool = False
+
+    @property
+    def num_logits(self) -> int:
+        return int(self.logits_indices.shape[0])
 
 
 @dataclass
@@ -47,84 +66,107 @@ class BatchInputs:
     logits: LogitsLayout
 
 
-def build_logits_layout(chunks: list[ScheduledChunk], query_start_loc: list[int],
-                        device: torch.device) -> LogitsLayout:
-    """See the module docstring. Asserts P <= q (a chunk cannot predict more prompt tokens than it feeds)."""
-    indices: list[int] = []
-    per_req: list[int] = []
-    sample_rows: list[int] = []
-    prompt_rows: dict[int, tuple[int, int]] = {}
-    for i, chunk in enumerate(chunks):
-        start, q = query_start_loc[i], len(chunk.token_ids)
-        p = chunk.prompt_logprob_positions
-        assert 0 <= p <= q, f"{chunk.request_id}: prompt_logprob_positions {p} > fed tokens {q}"
-        if p:
-            prompt_rows[i] = (len(indices), p)
-            indices.extend(range(start, start + p))
-        if chunk.sample:
-            sample_rows.append(len(indices))
-            indices.append(start + q - 1)
-        per_req.append(p + int(chunk.sample))
-    return LogitsLayout(
-        logits_indices=torch.tensor(indices, dtype=torch.int64).to(device, non_blocking=True),
-        num_logits_per_req=per_req,
-        sample_rows=sample_rows,
-        prompt_rows=prompt_rows,
-    )
+def _logits_rows(q: np.ndarray, qsl: np.ndarray, sample: np.ndarray, p: np.ndarray):
+    """Steps with prompt logprobs: (logits_indices [L] int64 numpy, num_logits_per_req, sample_rows, prompt_rows);
+    see the module docstring. Asserts P <= q (a chunk cannot predict more prompt tokens than it feeds)."""
+    assert (p <= q).all() and (p >= 0).all(), f"prompt_logprob_positions {p.tolist()} > fed tokens {q.tolist()}"
+    per_req = p + sample
+    first = np.zeros(len(q) + 1, np.int64)
+    np.cumsum(per_req, out=first[1:])
+    owner = np.repeat(np.arange(len(q)), per_req)
+    k = np.arange(int(first[-1])) - first[owner]  # rank of each logit within its chunk
+    # logit k < P of chunk i sits at token start_i + k; the sample logit (k == P) at start_i + q_i - 1
+    indices = qsl[owner] + np.where(k < p[owner], k, q[owner] - 1)
+    sample_rows = (first[1:] - 1)[sample.astype(bool)].tolist()
+    prompt_rows = {int(i): (int(first[i]), int(p[i])) for i in np.flatnonzero(p)}
+    return indices, per_req.tolist(), sample_rows, prompt_rows
 
 
-def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> BatchInputs:
-    """Flatten the chunks of one step (host lists -> one host->device copy per tensor).
+def _table_from_chunks(chunks: list[ScheduledChunk], width: int) -> np.ndarray:
+    """[B, width] int32 block table padded with the null block 0."""
+    table = np.zeros((len(chunks), width), np.int32)
+    for i, c in enumerate(chunks):
+        table[i, :len(c.block_ids)] = c.block_ids
+    return table
 
-    Raises AssertionError when a chunk's block table is too short for its positions (scheduler bug).
+
+def _pack(arrays: list, dtype, device: torch.device) -> list[torch.Tensor]:
+    """Lay 1-D arrays or lists out in one host buffer (each segment padded to 16 bytes, so every view starts
+    aligned), copy it to `device` once and return a view per segment."""
+    align = 16 // np.dtype(dtype).itemsize
+    sizes = [len(a) for a in arrays]
+    padded = [-(-n // align) * align for n in sizes]
+    host = np.zeros(sum(padded), dtype)
+    o = 0
+    for a, n, m in zip(arrays, sizes, padded):
+        host[o:o + n] = a
+        o += m
+    views = torch.from_numpy(host).to(device, non_blocking=True).split(padded)
+    return [v if m == n else v[:n] for v, n, m in zip(views, sizes, padded)]
+
+
+def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.device,
+                       block_table: Optional[np.ndarray] = None) -> BatchInputs:
+    """Flatten the chunks of one step (two host->device copies; per-token work in numpy, per-chunk scalars in
+    plain Python, which is cheaper than numpy calls for the few hundred values of a decode step).
+
+    block_table: the step's [B, >= max blocks] int32 table when the caller keeps one (ModelRunner updates
+    its rows incrementally); built from `chunk.block_ids` when None. Raises AssertionError when a chunk's
+    block table is too short for its positions (scheduler bug) or a chunk is empty.
     """
     assert chunks, "build_batch_inputs needs at least one chunk"
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    query_start_loc = [0]
-    seq_lens: list[int] = []
-    context_lens: list[int] = []
-    max_blocks = max(len(c.block_ids) for c in chunks)
-    table: list[list[int]] = []
-    for chunk in chunks:
-        q = len(chunk.token_ids)
-        assert q >= 1, f"{chunk.request_id}: empty chunk"
-        start = chunk.start_position
-        end = start + q
-        assert (end + block_size - 1) // block_size <= len(chunk.block_ids), (
-            f"{chunk.request_id}: {len(chunk.block_ids)} blocks cannot hold {end} tokens")
-        input_ids.extend(chunk.token_ids)
-        positions.extend(range(start, end))
-        ids = chunk.block_ids
-        slots.extend(ids[p // block_size] * block_size + p % block_size for p in range(start, end))
-        query_start_loc.append(query_start_loc[-1] + q)
-        seq_lens.append(end)
-        context_lens.append(start)
-        table.append(list(ids) + [0] * (max_blocks - len(ids)))
-
-    def dev(values, dtype):
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-    positions_t = dev(positions, torch.int64)
+    num_reqs = len(chunks)
+    q = [len(c.token_ids) for c in chunks]  # [B]
+    starts = [c.start_position for c in chunks]  # [B] context lens
+    seq_lens = [s + n for s, n in zip(starts, q)]  # [B]
+    width = max(len(c.block_ids) for c in chunks)
+    assert min(q) >= 1, "empty chunk"
+    assert all((e + block_size - 1) // block_size <= len(c.block_ids) for e, c in zip(seq_lens, chunks)), (
+        f"block tables too short: {[len(c.block_ids) for c in chunks]} blocks for {seq_lens} tokens")
+    qsl = [0, *accumulate(q)]  # [B+1]
+    num_tokens, max_query_len = qsl[-1], max(q)
+    sample_idx = [i for i, c in enumerate(chunks) if c.sample]
+    has_prompt_logprobs = any(c.prompt_logprob_positions for c in chunks)
+    if block_table is None:
+        block_table = _table_from_chunks(chunks, width)
+    table = np.ascontiguousarray(block_table[:, :width], dtype=np.int32)  # [B, width]
+    if max_query_len == 1:  # decode: one token per request, position = context length
+        input_ids, positions = [c.token_ids[0] for c in chunks], starts
+        slots = [c.block_ids[p // block_size] * block_size + p % block_size for c, p in zip(chunks, starts)]
+    else:
+        input_ids = np.fromiter(chain.from_iterable(c.token_ids for c in chunks), np.int64, num_tokens)
+        owner = np.repeat(np.arange(num_reqs), q)  # [T] chunk of each token
+        positions = np.arange(num_tokens) - np.asarray(qsl)[owner] + np.asarray(starts)[owner]
+        slots = table[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    if not has_prompt_logprobs:  # the usual step: one logit per sampling chunk, at its last fed token
+        indices = [qsl[i + 1] - 1 for i in sample_idx]
+        per_req, sample_rows, prompt_rows = [int(c.sample) for c in chunks], list(range(len(indices))), {}
+        every_token = max_query_len == 1 and len(sample_idx) == num_reqs
+    else:
+        sample_mask = np.zeros(num_reqs, np.int64)
+        sample_mask[sample_idx] = 1
+        indices, per_req, sample_rows, prompt_rows = _logits_rows(
+            np.asarray(q), np.asarray(qsl), sample_mask,
+            np.array([c.prompt_logprob_positions for c in chunks], np.int64))
+        every_token = len(indices) == num_tokens and bool((indices == np.arange(num_tokens)).all())
+    sample_positions = [seq_lens[i] for i in sample_idx]
+    ids_t, pos_t, slots_t, idx_t, spos_t = _pack([input_ids, positions, slots, indices, sample_positions],
+                                                 np.int64, device)
+    qsl_t, seq_t, ctx_t, table_t = _pack([qsl, seq_lens, starts, table.reshape(-1)], np.int32, device)
     metadata = AttentionMetadata(
-        query_start_loc=dev(query_start_loc, torch.int32),
-        seq_lens=dev(seq_lens, torch.int32),
-        context_lens=dev(context_lens, torch.int32),
-        block_table=dev(table, torch.int32),
-        slot_mapping=dev(slots, torch.int64),
-        positions=positions_t,
+        query_start_loc=qsl_t,
+        seq_lens=seq_t,
+        context_lens=ctx_t,
+        block_table=table_t.view(num_reqs, width),
+        slot_mapping=slots_t,
+        positions=pos_t,
         block_size=block_size,
-        max_query_len=max(len(c.token_ids) for c in chunks),
+        max_query_len=max_query_len,
         max_seq_len=max(seq_lens),
-        query_start_loc_cpu=query_start_loc,
+        query_start_loc_cpu=qsl,
         seq_lens_cpu=seq_lens,
-        context_lens_cpu=context_lens,
-        num_actual_tokens=len(input_ids),
+        context_lens_cpu=starts,
+        num_actual_tokens=num_tokens,
     )
-    return BatchInputs(
-        input_ids=dev(input_ids, torch.int64),
-        positions=positions_t,
-        attn_metadata=metadata,
-        logits=build_logits_layout(chunks, query_start_loc, device),
-    )
+    return BatchInputs(input_ids=ids_t, positions=pos_t, attn_metadata=metadata,
+                       logits=LogitsLayout(idx_t, per_req, sample_rows, prompt_rows, spos_t, every_token))

@@ -5,6 +5,11 @@ execute(SchedulerOutput) -> RunnerOutput:
     model.forward under set_forward_context -> logits at logits_indices -> sampler ->
     ONE device->host copy (sampled ids, and logprobs packed into the same float32 buffer when asked).
 
+Per-step host work is kept proportional to what changed: each live request owns a row of a persistent host
+block table that only gets its new block ids appended; the per-request sampling parameters go to the device
+once per batch composition (cached by the requests' state serials) and only positions change per step; a
+decode step that samples every request computes logits from the hidden states without a gather.
+
 KV capacity (ARCHITECTURE.md "Capacity and admission"): `--kv-cache-memory-bytes` when given (the CPU
 default is filled in by config resolution); on CUDA otherwise a dummy forward at max_num_batched_tokens is
 profiled and the cache gets `gpu_memory_utilization * total - (peak torch memory + non-torch memory)`.
@@ -16,6 +21,7 @@ import importlib.util
 import logging
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from ladle.config import CacheConfig, ModelConfig, RunnerConfig, SchedulerConfig
@@ -25,7 +31,7 @@ from ladle.layers.attention.metadata import ForwardContext, set_forward_context
 from ladle.runner.input_batch import BatchInputs, build_batch_inputs
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
                                    num_blocks_for_bytes)
-from ladle.runner.request_state import RequestState, build_sampling_tensors
+from ladle.runner.request_state import RequestState, StaticSampling, build_sampling_tensors, build_static_sampling
 from ladle.runner.sampler import Sampler, compute_logprobs, unpack_logprobs
 
 logger = logging.getLogger(__name__)
@@ -55,6 +61,13 @@ class ModelRunner:
         self.kv_cache_specs = model.kv_cache_specs()
         self.sampler = Sampler(self.device, seed=model_config.seed)
         self.requests: dict[str, RequestState] = {}
+        # Persistent host block table: one row per live request, written incrementally (block lists only grow
+        # while the runner holds a request's state), gathered per step. Padding entries are 0 (null block).
+        self._block_table_cpu = np.zeros((max(1, scheduler_config.max_num_seqs),
+                                          -(-self.max_model_len // self.block_size)), np.int32)
+        self._free_rows = list(range(self._block_table_cpu.shape[0] - 1, -1, -1))
+        # (serials of the sampling rows, their StaticSampling, max top logprobs or None when none asked)
+        self._static_cache: Optional[tuple[tuple[int, ...], StaticSampling, Optional[int]]] = None
         self.attn_backend = "triton" if self.device.type == "cuda" else "torch"
 
         capacity = cache_config.kv_cache_memory_bytes
@@ -154,11 +167,55 @@ class ModelRunner:
 
     def _update_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_request_ids:
-            self.requests.pop(rid, None)
+            self._drop_state(rid)
         for rid in out.preempted_request_ids:
-            self.requests.pop(rid, None)
+            self._drop_state(rid)
         for new in out.new_requests:
+            self._drop_state(new.request_id)
             self.requests[new.request_id] = RequestState.from_new(new, self.eos_token_ids, self.sampler.draw_seed())
+
+    def _drop_state(self, request_id: str) -> None:
+        state = self.requests.pop(request_id, None)
+        if state is not None and state.table_row >= 0:
+            self._free_rows.append(state.table_row)
+
+    def _take_row(self) -> int:
+        """A zeroed row of the persistent block table. Rows of states dropped from `requests` from outside
+        (EngineCore's failure path) are reclaimed when the free list runs dry; the table grows beyond
+        max_num_seqs rows only when that many states are live (tests driving the runner directly)."""
+        table = self._block_table_cpu
+        if not self._free_rows:
+            used = {s.table_row for s in self.requests.values()}
+            self._free_rows = [r for r in range(table.shape[0] - 1, -1, -1) if r not in used]
+        if not self._free_rows:
+            self._free_rows = list(range(2 * table.shape[0] - 1, table.shape[0] - 1, -1))
+            self._block_table_cpu = np.concatenate([table, np.zeros_like(table)])
+        row = self._free_rows.pop()
+        self._block_table_cpu[row] = 0
+        return row
+
+    def _table_row(self, state: RequestState, block_ids: list[int]) -> int:
+        """The state's row of the persistent block table, updated to `block_ids` (appending only the new
+        ids; a list that shrank or whose last known id changed is rewritten whole)."""
+        if state.table_row < 0:
+            state.table_row, state.num_table_blocks, state.table_last_block = self._take_row(), 0, -1
+        table = self._block_table_cpu
+        n = len(block_ids)
+        if n > table.shape[1]:
+            table = self._block_table_cpu = np.concatenate(
+                [table, np.zeros((table.shape[0], n - table.shape[1]), np.int32)], axis=1)
+        row, have = state.table_row, state.num_table_blocks
+        if n != have or (n and state.table_last_block != block_ids[-1]):
+            if n < have or (have and state.table_last_block != block_ids[have - 1]):
+                table[row] = 0
+                have = 0
+            table[row, have:n] = block_ids[have:]
+            state.num_table_blocks, state.table_last_block = n, (block_ids[-1] if n else -1)
+        return row
+
+    def _prepare_inputs(self, chunks: list[ScheduledChunk]) -> BatchInputs:
+        rows = [self._table_row(self.requests[c.request_id], c.block_ids) for c in chunks]
+        return build_batch_inputs(chunks, self.block_size, self.device, self._block_table_cpu[rows])
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
@@ -173,44 +230,61 @@ class ModelRunner:
             return RunnerOutput()
         for c in chunks:
             assert c.request_id in self.requests, f"runner has no state for {c.request_id}"
-        batch = build_batch_inputs(chunks, self.block_size, self.device)
+        batch = self._prepare_inputs(chunks)
         hidden = self._forward(batch, self.kv_caches)  # [T, H]
         if not batch.logits.num_logits_per_req or sum(batch.logits.num_logits_per_req) == 0:
             return RunnerOutput()
-        logits = self.model.compute_logits(hidden[batch.logits.logits_indices])  # [num_logits, V] float32
+        layout = batch.logits
+        # a decode step sampling every request reads every token's hidden state, in order: no gather needed
+        every_token = layout.every_token and hidden.shape[0] == layout.num_logits
+        logits = self.model.compute_logits(hidden if every_token else hidden[layout.logits_indices])  # [L, V]
         return self._sample(chunks, batch, logits)
+
+    def _sampling_tensors(self, states: list[RequestState], positions, vocab_size: int):
+        """SamplingTensors for these rows; the per-composition part is reused while the batch's requests (the
+        same state objects, in order) stay the same. Returns (tensors, max top logprobs or None)."""
+        key = tuple(s.serial for s in states)
+        if self._static_cache is None or self._static_cache[0] != key:
+            wanted = [s.sampling_params.logprobs for s in states if s.sampling_params.logprobs is not None]
+            self._static_cache = (key, build_static_sampling(states, vocab_size, self.device),
+                                  max(wanted) if wanted else None)
+        _, static, num_top = self._static_cache
+        return build_sampling_tensors(states, positions, vocab_size, self.device, static), num_top
+
+    def _to_host(self, sampled: Optional[torch.Tensor], packs: list[torch.Tensor],
+                 num_sampled: int) -> tuple[list[int], list[float]]:
+        """The step's one device->host copy: (sampled ids, the packed logprob floats that follow them)."""
+        if not packs:
+            return (sampled.tolist() if sampled is not None else []), []
+        ids_f = sampled.to(torch.float32) if sampled is not None else packs[0].new_zeros(0)
+        flat = torch.cat([ids_f] + packs).tolist()
+        return [int(x) for x in flat[:num_sampled]], flat[num_sampled:]
 
     def _sample(self, chunks: list[ScheduledChunk], batch: BatchInputs, logits: torch.Tensor) -> RunnerOutput:
         layout = batch.logits
-        sample_chunks = [c for c in chunks if c.sample]
+        sample_chunks = chunks if len(layout.sample_rows) == len(chunks) else [c for c in chunks if c.sample]
         states = [self.requests[c.request_id] for c in sample_chunks]
         packs: list[torch.Tensor] = []
         sampled = None
-        num_top = 0
+        num_top = None
         if sample_chunks:
-            rows = logits[torch.tensor(layout.sample_rows, device=logits.device)]
-            positions = [c.start_position + len(c.token_ids) for c in sample_chunks]
-            tensors = build_sampling_tensors(states, positions, logits.shape[1], self.device)
+            # without prompt-logprob rows the logits rows are exactly the sampling chunks', in order
+            rows = logits[torch.tensor(layout.sample_rows, device=logits.device)] if layout.prompt_rows else logits
+            positions = layout.sample_positions
+            if positions is None:
+                positions = [c.start_position + len(c.token_ids) for c in sample_chunks]
+            tensors, num_top = self._sampling_tensors(states, positions, logits.shape[1])
             sampled = self.sampler.sample(rows, tensors)
-            want = [s.sampling_params.logprobs is not None for s in states]
-            if any(want):
-                num_top = max(s.sampling_params.logprobs or 0 for s in states)
+            if num_top is not None:
                 packs.append(compute_logprobs(rows, sampled, num_top).flatten())
         prompt_specs = self._prompt_logprob_specs(chunks, layout.prompt_rows)
         for _, first, count, targets, k in prompt_specs:
             target_t = torch.tensor(targets, dtype=torch.int64).to(self.device)
             packs.append(compute_logprobs(logits[first:first + count], target_t, k).flatten())
-        if packs:
-            ids_f = sampled.to(torch.float32) if sampled is not None else logits.new_zeros(0)
-            flat = torch.cat([ids_f] + packs).tolist()  # the one device->host copy
-            ids = [int(x) for x in flat[:len(sample_chunks)]]
-            rest = flat[len(sample_chunks):]
-        else:
-            ids = sampled.tolist() if sampled is not None else []  # the one device->host copy
-            rest = []
+        ids, rest = self._to_host(sampled, packs, len(sample_chunks))
         out = RunnerOutput()
         pos = 0
-        if sample_chunks and any(s.sampling_params.logprobs is not None for s in states):
+        if num_top is not None:
             width = 3 + 2 * num_top
             for j, (c, s) in enumerate(zip(sample_chunks, states)):
                 if s.sampling_params.logprobs is not None:
@@ -222,8 +296,8 @@ class ModelRunner:
             out.prompt_logprobs[rid] = [unpack_logprobs(rest[pos + r * width:pos + (r + 1) * width], k)
                                         for r in range(count)]
             pos += width * count
-        for c, s, token in zip(sample_chunks, states, ids):
-            out.sampled_token_ids[c.request_id] = token
+        out.sampled_token_ids = dict(zip([c.request_id for c in sample_chunks], ids))
+        for s, token in zip(states, ids):
             s.output_token_ids.append(token)
         return out
 

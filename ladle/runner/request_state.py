@@ -8,14 +8,17 @@ prompt + outputs without the scheduler re-sending them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
 from ladle.core.outputs import NewRequestData
 from ladle.core.sampling_params import SamplingParams
 from ladle.runner.sampler import SamplingTensors
+
+_SERIALS = itertools.count()
 
 
 @dataclass
@@ -26,6 +29,10 @@ class RequestState:
     sampling_params: SamplingParams
     sample_seed: int = 0  # the request's seed (folded to int64), or one drawn by the engine when unseeded
     banned_before_min: list[int] = field(default_factory=list)  # ids masked while outputs < min_tokens
+    serial: int = field(default_factory=_SERIALS.__next__)  # unique per state object (keys the runner's caches)
+    table_row: int = -1  # this request's row in the runner's persistent host block table (-1: none yet)
+    num_table_blocks: int = 0  # block ids already written to that row
+    table_last_block: int = -1  # the last of them (a cheap check that the written prefix is still the table's)
 
     @classmethod
     def from_new(cls, new: NewRequestData, eos_token_ids: Sequence[int],
@@ -54,43 +61,85 @@ def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).to(device)
 
 
-def build_sampling_tensors(states: list[RequestState], positions: list[int], vocab_size: int,
-                           device: torch.device) -> SamplingTensors:
-    """One row per sampling request. positions[i]: absolute position of the token row i samples.
+@dataclass
+class StaticSampling:
+    """The part of SamplingTensors that depends only on which requests are in the batch (in order), so the
+    runner builds it once per batch composition instead of every step. Device tensors [N]; host flags."""
 
-    Host-side only (lists -> tensors); the device math lives in the sampler.
-    """
+    temperature: torch.Tensor  # [N] float32
+    top_k: torch.Tensor  # [N] int64
+    top_p: torch.Tensor  # [N] float32
+    min_p: torch.Tensor  # [N] float32
+    presence_penalty: torch.Tensor  # [N] float32
+    frequency_penalty: torch.Tensor  # [N] float32
+    repetition_penalty: torch.Tensor  # [N] float32
+    seeds: torch.Tensor  # [N] int64
+    all_greedy: bool
+    has_penalties: bool
+    has_top_k: bool
+    has_top_p: bool
+    has_min_p: bool
+    may_ban: bool  # some row has banned ids and min_tokens > 0
+
+
+def build_static_sampling(states: list[RequestState], vocab_size: int, device: torch.device) -> StaticSampling:
+    """Per-row parameters as two packed host arrays, two host->device copies (float32 [6, N], int64 [2, N])."""
     sps = [s.sampling_params for s in states]
     temps = [float(sp.temperature) for sp in sps]
     top_k = [vocab_size if sp.top_k is None or sp.top_k < 1 else min(sp.top_k, vocab_size) for sp in sps]
-    has_pen = any(s.has_penalties for s in states)
-    banned = [s.banned_before_min if len(s.output_token_ids) < s.sampling_params.min_tokens else []
-              for s in states]
-
-    def f32(values):
-        return torch.tensor(values, dtype=torch.float32).to(device)
-
-    def i64(values):
-        return torch.tensor(values, dtype=torch.int64).to(device)
-
-    return SamplingTensors(
-        temperature=f32(temps),
-        top_k=i64(top_k),
-        top_p=f32([sp.top_p for sp in sps]),
-        min_p=f32([sp.min_p for sp in sps]),
-        presence_penalty=f32([sp.presence_penalty for sp in sps]),
-        frequency_penalty=f32([sp.frequency_penalty for sp in sps]),
-        repetition_penalty=f32([sp.repetition_penalty for sp in sps]),
-        seeds=i64([s.sample_seed for s in states]),
-        positions=i64(positions),
-        prompt_ids=_padded([s.prompt_token_ids for s in states], device) if has_pen else None,
-        output_ids=_padded([s.output_token_ids for s in states], device) if has_pen else None,
-        banned_ids=_padded(banned, device) if any(banned) else None,
+    floats = torch.tensor([temps, [sp.top_p for sp in sps], [sp.min_p for sp in sps],
+                           [sp.presence_penalty for sp in sps], [sp.frequency_penalty for sp in sps],
+                           [sp.repetition_penalty for sp in sps]], dtype=torch.float32).to(device)
+    pad = [0] * (len(states) % 2)  # rows of the int64 pack start 16-byte aligned (seeds go to a Triton kernel)
+    ints = torch.tensor([top_k + pad, [s.sample_seed for s in states] + pad], dtype=torch.int64).to(device)
+    n = len(states)
+    return StaticSampling(
+        temperature=floats[0], top_p=floats[1], min_p=floats[2], presence_penalty=floats[3],
+        frequency_penalty=floats[4], repetition_penalty=floats[5], top_k=ints[0, :n], seeds=ints[1, :n],
         all_greedy=all(t == 0 for t in temps),
-        has_penalties=has_pen,
+        has_penalties=any(s.has_penalties for s in states),
         has_top_k=any(k < vocab_size for k in top_k),
         has_top_p=any(sp.top_p < 1 for sp in sps),
         has_min_p=any(sp.min_p > 0 for sp in sps),
+        may_ban=any(s.banned_before_min and s.sampling_params.min_tokens > 0 for s in states),
+    )
+
+
+def build_sampling_tensors(states: list[RequestState], positions: Union[list[int], torch.Tensor], vocab_size: int,
+                           device: torch.device, static: Optional[StaticSampling] = None) -> SamplingTensors:
+    """One row per sampling request. positions[i]: absolute position of the token row i samples (a list, or an
+    int64 tensor already on `device`). `static`: `build_static_sampling(states, ...)` when the caller cached it.
+
+    Host-side only (lists -> tensors); the device math lives in the sampler.
+    """
+    if static is None:
+        static = build_static_sampling(states, vocab_size, device)
+    banned = None
+    if static.may_ban:
+        rows = [s.banned_before_min if len(s.output_token_ids) < s.sampling_params.min_tokens else []
+                for s in states]
+        banned = _padded(rows, device) if any(rows) else None
+    if not isinstance(positions, torch.Tensor):
+        positions = torch.tensor(positions, dtype=torch.int64).to(device)
+    has_pen = static.has_penalties
+    return SamplingTensors(
+        temperature=static.temperature,
+        top_k=static.top_k,
+        top_p=static.top_p,
+        min_p=static.min_p,
+        presence_penalty=static.presence_penalty,
+        frequency_penalty=static.frequency_penalty,
+        repetition_penalty=static.repetition_penalty,
+        seeds=static.seeds,
+        positions=positions,
+        prompt_ids=_padded([s.prompt_token_ids for s in states], device) if has_pen else None,
+        output_ids=_padded([s.output_token_ids for s in states], device) if has_pen else None,
+        banned_ids=banned,
+        all_greedy=static.all_greedy,
+        has_penalties=has_pen,
+        has_top_k=static.has_top_k,
+        has_top_p=static.has_top_p,
+        has_min_p=static.has_min_p,
     )
 
 
