@@ -65,7 +65,7 @@ def cmd_generate(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=128, help="maximum new tokens (default: 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0 = greedy)")
     parser.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
-    add_config_args(parser)
+    add_config_args(parser, include_server=False)
     parser.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL")
     args = parse_serve_args(parser, argv)
     _resolve_model(args)

@@ -80,21 +80,25 @@ def _dest(comp: str, f: dataclasses.Field) -> str:
     return f"{comp}__{f.name}"
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
+def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True) -> None:
     """Add one argument per config field (default: the dataclass default), with vLLM's short aliases
-    (`-tp` for `--tensor-parallel-size`) where vLLM has them."""
+    (`-tp` for `--tensor-parallel-size`) where vLLM has them. `include_server=False` leaves out the HTTP flags
+    (host, port, api key) for commands that serve nothing."""
     aliases: dict[str, list[str]] = {}
     for name, canonical in load_vllm_flags().items():
         if name != canonical and not name.startswith("--"):
             aliases.setdefault(canonical, []).append(name)
     for comp, f in config_fields():
+        if comp == _SERVER and not include_server:
+            continue
         flag, help_text = f.metadata["flag"], f.metadata["help"]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         kind = _base_type(f.type)
         if not flag.startswith("-"):
             parser.add_argument(_dest(comp, f), nargs="?", default=default, metavar=flag.upper(), help=help_text)
             continue
-        kw: dict[str, Any] = {"dest": _dest(comp, f), "default": default, "help": f"{help_text} (default: {default})"}
+        shown = help_text if "default" in help_text else f"{help_text} (default: {default})"
+        kw: dict[str, Any] = {"dest": _dest(comp, f), "default": default, "help": shown}
         if kind != "bool":
             kw["metavar"] = f.name.upper()
         if kind == "bool":
@@ -110,7 +114,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
     """Build the frozen configs from a namespace produced by a parser with `add_config_args`."""
     values: dict[str, dict[str, Any]] = {comp: {} for comp in list(COMPONENTS) + [_SERVER]}
     for comp, f in config_fields():
-        values[comp][f.name] = getattr(args, _dest(comp, f))
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        values[comp][f.name] = getattr(args, _dest(comp, f), default)
     engine = EngineConfig(**{comp: cls(**values[comp]) for comp, cls in COMPONENTS.items()})
     return engine, ServerConfig(**values[_SERVER])
 

@@ -135,3 +135,10 @@ def test_busy_port_fails_before_loading_the_model():
         # The model path does not exist: had the model been loaded first, the error would name the path.
         r = _run("serve", "/nonexistent/model.gguf", "--port", str(port))
     assert r.returncode == 1 and "cannot listen on 127.0.0.1:" in r.stderr and "does not exist" not in r.stderr
+
+
+def test_generate_help_has_no_server_flags():
+    r = _run("generate", "--help")
+    assert r.returncode == 0 and "--max-model-len" in r.stdout
+    assert "--port" not in r.stdout and "--api-key" not in r.stdout
+    assert "(default: the model's) (default: None)" not in _run("serve", "--help").stdout
