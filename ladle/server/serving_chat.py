@@ -72,6 +72,8 @@ class ChatHandler:
         ctx.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+            raise OpenAIError(f"top_logprobs must be in [0, 20], got {req.top_logprobs}", 400, "top_logprobs")
         if req.response_format and req.response_format.get("type", "text") != "text":
             raise OpenAIError("not supported yet: response_format other than text", 400, "response_format")
         kwargs = dict(req.chat_template_kwargs or {})

@@ -159,6 +159,8 @@ def test_chat_fields(fake_server):
         msg = r["choices"][0]["message"]
         assert msg["content"] == SCRIPT[:3] and msg["tool_calls"] == [] and "reasoning_content" in msg
         assert c.post("/v1/chat/completions", json={**base, "top_logprobs": 2}).status_code == 400
+        too_many = c.post("/v1/chat/completions", json={**base, "logprobs": True, "top_logprobs": 50})
+        assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "top_logprobs"
         assert c.post("/v1/chat/completions", json={**base, "messages": []}).status_code == 400
         forced = c.post("/v1/chat/completions", json={**base, "tool_choice": "required",
                                                       "tools": [{"type": "function", "function": {"name": "f"}}]})
