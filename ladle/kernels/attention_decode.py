@@ -149,12 +149,13 @@ def decode_attention(
         out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    cfg = dict(config or default_decode_config(head_dim, block_size, q.device.type == "cpu"))
+    sms = num_sms(q.device)
+    cfg = dict(config or default_decode_config(head_dim, block_size, q.device.type == "cpu", num_seqs, num_kv_heads,
+                                               sms))
     tile_n = cfg.pop("TILE_N")
     assert num_splits is None or num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, block_table.shape[1], block_size, tile_n,
-                                       num_sms(q.device))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, block_table.shape[1], block_size, tile_n, sms)
     group = num_q_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     part_out = torch.empty((num_seqs, num_q_heads, num_splits, block_d), dtype=torch.float32, device=q.device)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import check_cache_pair, triton_ok
+from ladle.kernels._common import check_cache_pair, decide_triton, triton_ok
 from ladle.observe import dispatch
 
 dispatch.register(
@@ -96,10 +96,8 @@ def store_kvcache(
     if k.dtype != key_cache.dtype or v.dtype != key_cache.dtype:
         k, v = k.to(key_cache.dtype), v.to(key_cache.dtype)
     assert slot_mapping.dtype in (torch.int32, torch.int64)
-    bucket = dispatch.tokens_bucket(k.shape[0])
     reason = triton_ok(k, v, key_cache, value_cache, slot_mapping)
-    dispatch.decide("kv_store", bucket, configured=True, ineligible_reason=reason)
-    if reason is not None:
+    if not decide_triton("kv_store", k.shape[0], True, reason):
         store_kvcache_ref(k, v, key_cache, value_cache, slot_mapping)
         return
     width = key_cache.shape[2] * key_cache.shape[3]
@@ -112,10 +110,8 @@ def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slo
     assert index_key_cache.dim() == 3 and index_key_cache.is_contiguous()
     assert index_k.dim() == 2 and index_k.shape[1] == index_key_cache.shape[2] and index_k.stride(1) == 1
     assert slot_mapping.shape == (index_k.shape[0],) and index_k.dtype == index_key_cache.dtype
-    bucket = dispatch.tokens_bucket(index_k.shape[0])
     reason = triton_ok(index_k, index_key_cache, slot_mapping)
-    dispatch.decide("index_k_store", bucket, configured=True, ineligible_reason=reason)
-    if reason is not None:
+    if not decide_triton("index_k_store", index_k.shape[0], True, reason):
         store_index_kcache_ref(index_k, index_key_cache, slot_mapping)
         return
     _launch(index_k, None, index_key_cache.view(-1, index_key_cache.shape[2]), None, slot_mapping)

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import check_cache_pair, triton_ok
+from ladle.kernels._common import check_cache_pair, decide_triton, triton_ok
 from ladle.kernels.attention_decode import decode_attention
 from ladle.kernels.attention_prefill import prefill_attention
 from ladle.observe import dispatch
@@ -80,7 +80,7 @@ def paged_attention(
     decode = md.max_query_len == 1
     op = "attn_decode" if decode else "attn_prefill"
     reason = eligibility(q, key_cache, md)
-    if not dispatch.decide(op, dispatch.tokens_bucket(q.shape[0]), configured=True, ineligible_reason=reason):
+    if not decide_triton(op, q.shape[0], True, reason):
         return paged_attention_ref(q, key_cache, value_cache, md, scale, out=out)
     if out is None:
         out = torch.empty_like(q)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import triton_ok
+from ladle.kernels._common import decide_triton, triton_ok
 from ladle.observe import dispatch
 
 dispatch.register("rmsnorm", "triton", "cuda (or interpreter); x [T, H] unit last stride; hidden <= 65536")
@@ -67,7 +67,7 @@ def rms_norm(
     reason = triton_ok(*tensors)
     if reason is None and x.shape[1] > 65536:
         reason = "hidden > 65536"
-    if not dispatch.decide("rmsnorm", dispatch.tokens_bucket(x.shape[0]), configured=True, ineligible_reason=reason):
+    if not decide_triton("rmsnorm", x.shape[0], True, reason):
         return rms_norm_ref(x, weight, eps, residual, weight_offset)
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import triton_ok
+from ladle.kernels._common import decide_triton, triton_ok
 from ladle.observe import dispatch
 
 dispatch.register("rope", "triton", "cuda (or interpreter); q/k [T, H, D] unit last stride; even rotary_dim <= D")
@@ -70,7 +70,7 @@ def apply_rope(
     assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.is_contiguous()
     assert positions.shape == (q.shape[0],) and positions.dtype in (torch.int32, torch.int64)
     reason = triton_ok(q, k, positions, cos_sin_cache)
-    if not dispatch.decide("rope", dispatch.tokens_bucket(q.shape[0]), configured=True, ineligible_reason=reason):
+    if not decide_triton("rope", q.shape[0], True, reason):
         return apply_rope_ref(q, k, positions, cos_sin_cache)
     if q.shape[0] > 0:
         _rope_kernel[(q.shape[0],)](

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels._common import triton_ok
+from ladle.kernels._common import decide_triton, triton_ok
 from ladle.observe import dispatch
 
 dispatch.register("sample_race", "triton", "cuda (or interpreter); probs [B, V] float32 contiguous")
@@ -107,8 +107,7 @@ def race(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch
     assert probs.dim() == 2 and probs.dtype == torch.float32 and probs.stride(1) == 1
     assert seeds.shape == steps.shape == (probs.shape[0],) and seeds.dtype == steps.dtype == torch.int64
     reason = triton_ok(probs, seeds, steps)
-    if not dispatch.decide("sample_race", dispatch.tokens_bucket(probs.shape[0]), configured=True,
-                           ineligible_reason=reason):
+    if not decide_triton("sample_race", probs.shape[0], True, reason):
         return race_ref(probs, seeds, steps)
     out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
     if probs.shape[0] > 0:

@@ -15,7 +15,8 @@ Counts (ARCHITECTURE.md, "Fast paths and how we keep them honest"):
   eligible   — its rule passed (evaluated whether or not it was configured);
   executed   — configured and eligible, i.e. the fast path ran.
 Fallback reasons are counted per op as well. Inside a CUDA graph replay no Python runs, so ops captured in a
-graph are counted once at capture; the graph itself records one `executed` per replay (op "cuda_graph_decode").
+graph are counted only at capture time (warm-up runs included); the graph itself records one `executed` per
+replay (op "cuda_graph_decode").
 
 `snapshot()` is served as JSON at GET /debug/dispatch; `format_table()` is printed at shutdown with
 `--dispatch-report`. Thread-safe (one lock); counting costs a dict update per call.

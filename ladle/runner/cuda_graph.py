@@ -23,7 +23,8 @@ captured forward must take its launch grid from shapes only and never read host 
 Triton backend (ladle.kernels.paged_attention), not of the torch reference, hence the attn_backend condition.
 The AttentionMetadata built for capture carries capture-time host mirrors; they are meaningless during replay.
 
-Dispatch record: op "cuda_graph_decode", one `executed` per replay; ops inside the graph count once, at capture.
+Dispatch record: op "cuda_graph_decode", one `executed` per replay; ops inside the graph are counted only while
+capturing (3 calls per bucket: the 2 warm-up runs and the capture), never per replay.
 """
 
 from __future__ import annotations
