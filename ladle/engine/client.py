@@ -19,7 +19,8 @@ from ladle.core.sampling_params import SamplingParams
 class CompletionOutput:
     """One choice (of `n`) of a request, as of this output.
 
-    text / token_ids / logprobs: cumulative. *_delta: what this output added (for streaming).
+    *_delta: what this output added (for streaming). text / token_ids / logprobs: cumulative, filled only on
+    the output that finishes the choice (empty before, so a long stream costs O(n), not O(n^2)).
     finish_reason: None while running; "stop", "length", "abort" or "error".
     """
 

@@ -24,7 +24,7 @@ class _Choice:
     want_logprobs: bool
     token_ids: list[int] = field(default_factory=list)
     logprobs: Optional[list[TokenLogprobs]] = None
-    text: str = ""
+    text_parts: list[str] = field(default_factory=list)
     finish_reason: Optional[str] = None
     stop_reason: Optional[object] = None
     error: Optional[str] = None
@@ -32,6 +32,10 @@ class _Choice:
     def __post_init__(self) -> None:
         if self.want_logprobs:
             self.logprobs = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
 
 
 @dataclass
@@ -54,12 +58,11 @@ class _Parent:
 class ProcessedOutputs:
     """request_outputs: one per parent that changed; stop_hits: (child id, stop string) the engine must
     finish with reason "stop"; failed_ids: children whose output could not be processed (the engine finishes
-    them with reason "error"); finished_parent_ids: parents whose every choice finished this time."""
+    them with reason "error")."""
 
     request_outputs: list[RequestOutput] = field(default_factory=list)
     stop_hits: list[tuple[str, str]] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)
-    finished_parent_ids: list[str] = field(default_factory=list)
 
 
 def child_request_id(parent_id: str, index: int, n: int) -> str:
@@ -97,9 +100,6 @@ class OutputProcessor:
         if parent is not None:
             for i in range(len(parent.choices)):
                 self._child_to_parent.pop(child_request_id(parent_id, i, len(parent.choices)), None)
-
-    def has_request(self, parent_id: str) -> bool:
-        return parent_id in self._parents
 
     @property
     def parent_ids(self) -> list[str]:
@@ -140,7 +140,6 @@ class OutputProcessor:
                 finished=finished, num_cached_tokens=parent.num_cached_tokens,
                 prompt_logprobs=parent.prompt_logprobs, queue_time=parent.queue_time))
             if finished:
-                result.finished_parent_ids.append(parent_id)
                 self.remove_request(parent_id)
         return result
 
@@ -165,13 +164,16 @@ class OutputProcessor:
                 finish_reason, stop_reason = FINISH_STOP, choice.detokenizer.stop_reason
                 child = child_request_id(parent.request_id, choice.index, len(parent.choices))
                 result.stop_hits.append((child, stop_reason))
-        choice.text += text_delta
+        if text_delta:
+            choice.text_parts.append(text_delta)
         choice.finish_reason, choice.stop_reason, choice.error = finish_reason, stop_reason, out.error
-        return CompletionOutput(
-            index=choice.index, text=choice.text, token_ids=list(choice.token_ids), text_delta=text_delta,
-            token_ids_delta=list(out.new_token_ids),
-            logprobs=list(choice.logprobs) if choice.logprobs is not None else None,
-            logprobs_delta=new_logprobs, finish_reason=finish_reason, stop_reason=stop_reason, error=out.error)
+        delta = CompletionOutput(index=choice.index, text_delta=text_delta, token_ids_delta=list(out.new_token_ids),
+                                 logprobs_delta=new_logprobs, finish_reason=finish_reason, stop_reason=stop_reason,
+                                 error=out.error)
+        if finish_reason is not None:  # cumulative fields once, at the end: O(n) per choice, not O(n) per step
+            delta.text, delta.token_ids = choice.text, choice.token_ids
+            delta.logprobs = choice.logprobs
+        return delta
 
     def fail_all(self, error: str, reason: str = "error") -> ProcessedOutputs:
         """Finish every open choice (engine death / shutdown): outputs carrying `reason` and `error`."""
