@@ -323,9 +323,6 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting)
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
-
     def get_stats(self) -> SchedulerStats:
         """A copy of the counters plus current queue and pool gauges."""
         kv = self.kv_cache_manager

@@ -135,8 +135,9 @@ class AsyncEngine(EngineClient):
                 if not self._drain_inbox(block):
                     break
                 if self.core.has_unfinished_requests():
-                    self._dispatch(self.core.step())
-                self._publish_stats()
+                    self._dispatch(self.core.step())  # publishes the stats itself
+                else:
+                    self._publish_stats()
             self._abort_everything("the engine is shutting down", FINISH_ABORT)
         except BaseException as exc:  # noqa: BLE001 — the loop died: fail every stream, report unhealthy
             self._dead = f"{type(exc).__name__}: {exc}"

@@ -46,8 +46,8 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 
 class EngineCore:
-    """Args: scheduler, runner (anything with `execute(SchedulerOutput) -> RunnerOutput` and a `requests`
-    dict of per-request state), max_model_len, eos_token_ids (attached to every Request)."""
+    """Args: scheduler, runner (anything with `execute(SchedulerOutput) -> RunnerOutput`), max_model_len,
+    eos_token_ids (attached to every Request)."""
 
     def __init__(self, scheduler: Scheduler, runner, *, max_model_len: int, eos_token_ids: Iterable[int] = ()) -> None:
         self.scheduler = scheduler
@@ -125,8 +125,7 @@ class EngineCore:
             self.num_failed_steps += 1
             ids = [c.request_id for c in scheduler_output.chunks]
             logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
-            for rid in ids:
-                self.runner.requests.pop(rid, None)
+            # the runner drops their state itself: fail_requests reports them in the next finished_request_ids
             return self.scheduler.fail_requests(ids, f"{type(exc).__name__}: {exc}")
         return self.scheduler.update(scheduler_output, runner_output)
 

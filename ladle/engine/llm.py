@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional, Sequence, Union
 
+from ladle.core.outputs import FINISH_ERROR, FINISH_STOP
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, RequestOutput
 from ladle.engine.engine_core import child_params
@@ -73,8 +74,8 @@ class LLM:
             outputs = self.core.step()
             processed = self.processor.process(outputs)
             for child, stop in processed.stop_hits:
-                self.core.finish_requests([child], "stop", stop)  # echoes are ignored by the processor
-            self.core.finish_requests(processed.failed_ids, "error")
+                self.core.finish_requests([child], FINISH_STOP, stop)  # echoes are ignored by the processor
+            self.core.finish_requests(processed.failed_ids, FINISH_ERROR)
             for ro in processed.request_outputs:
                 last[ro.request_id] = ro
                 for co in ro.outputs:

@@ -11,18 +11,15 @@ import os
 from typing import Any, Iterable, Optional
 
 
-def load_tokenizer(tokenizer_path: Optional[str], gguf_file: Optional[str] = None,
-                   override: Optional[str] = None) -> Any:
+def load_tokenizer(tokenizer_path: Optional[str], gguf_file: Optional[str] = None) -> Any:
     """A transformers tokenizer.
 
     tokenizer_path: a directory (or the directory holding the GGUF); gguf_file: the GGUF's file name (or full
-    path) when the tokenizer lives inside it; override: `--tokenizer`, wins when given.
+    path) when the tokenizer lives inside it (`--tokenizer` is already folded into tokenizer_path by the loader).
     Raises ValueError when nothing to load from.
     """
     from transformers import AutoTokenizer
 
-    if override:
-        return AutoTokenizer.from_pretrained(override)
     if gguf_file:
         directory = tokenizer_path or os.path.dirname(os.path.abspath(gguf_file))
         if os.path.isfile(directory):

@@ -69,6 +69,7 @@ class ModelRunner:
         # (serials of the sampling rows, their StaticSampling, max top logprobs or None when none asked)
         self._static_cache: Optional[tuple[tuple[int, ...], StaticSampling, Optional[int]]] = None
         self.attn_backend = "triton" if self.device.type == "cuda" else "torch"
+        self.graphs = None  # captured last, after the profiling forward
 
         capacity = cache_config.kv_cache_memory_bytes
         if capacity is None:
@@ -158,7 +159,7 @@ class ModelRunner:
 
     def _forward(self, batch: BatchInputs, kv_caches) -> torch.Tensor:
         """hidden states [T, H]: a CUDA-graph replay for eligible decode steps, else eager."""
-        graphs = getattr(self, "graphs", None)
+        graphs = self.graphs
         if graphs is not None and kv_caches is self.kv_caches and graphs.can_run(batch.attn_metadata):
             return graphs.run(batch.input_ids, batch.positions, batch.attn_metadata)
         ctx = ForwardContext(attn_metadata=batch.attn_metadata, kv_caches=kv_caches, attn_backend=self.attn_backend)
@@ -180,9 +181,10 @@ class ModelRunner:
             self._free_rows.append(state.table_row)
 
     def _take_row(self) -> int:
-        """A zeroed row of the persistent block table. Rows of states dropped from `requests` from outside
-        (EngineCore's failure path) are reclaimed when the free list runs dry; the table grows beyond
-        max_num_seqs rows only when that many states are live (tests driving the runner directly)."""
+        """A zeroed row of the persistent block table. Rows of states dropped from `requests` without
+        `_drop_state` (e.g. a step that raised before applying its finished ids) are reclaimed when the free
+        list runs dry; the table grows beyond max_num_seqs rows only when that many states are live (tests
+        driving the runner directly)."""
         table = self._block_table_cpu
         if not self._free_rows:
             used = {s.table_row for s in self.requests.values()}
@@ -232,9 +234,9 @@ class ModelRunner:
             assert c.request_id in self.requests, f"runner has no state for {c.request_id}"
         batch = self._prepare_inputs(chunks)
         hidden = self._forward(batch, self.kv_caches)  # [T, H]
-        if not batch.logits.num_logits_per_req or sum(batch.logits.num_logits_per_req) == 0:
-            return RunnerOutput()
         layout = batch.logits
+        if layout.num_logits == 0:
+            return RunnerOutput()
         # a decode step sampling every request reads every token's hidden state, in order: no gather needed
         every_token = layout.every_token and hidden.shape[0] == layout.num_logits
         logits = self.model.compute_logits(hidden if every_token else hidden[layout.logits_indices])  # [L, V]

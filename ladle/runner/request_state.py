@@ -40,7 +40,7 @@ class RequestState:
         """`unseeded_seed`: used when sampling_params.seed is None (the runner draws it from its generator)."""
         sp = new.sampling_params
         banned = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
-        seed = _fold_seed(sp.seed) if sp.seed is not None else _fold_seed(unseeded_seed)
+        seed = _fold_seed(sp.seed if sp.seed is not None else unseeded_seed)
         return cls(new.request_id, list(new.prompt_token_ids), list(new.output_token_ids), sp, seed,
                    sorted(set(banned)))
 
@@ -80,10 +80,12 @@ class StaticSampling:
     has_top_p: bool
     has_min_p: bool
     may_ban: bool  # some row has banned ids and min_tokens > 0
+    prompt_ids: Optional[torch.Tensor] = None  # [N, Lp] int64 padded with -1, only when has_penalties
 
 
 def build_static_sampling(states: list[RequestState], vocab_size: int, device: torch.device) -> StaticSampling:
-    """Per-row parameters as two packed host arrays, two host->device copies (float32 [6, N], int64 [2, N])."""
+    """Per-row parameters as two packed host arrays, two host->device copies (float32 [6, N], int64 [2, N]),
+    plus the padded prompt ids when some row has penalties (a prompt never changes, so they are cached too)."""
     sps = [s.sampling_params for s in states]
     temps = [float(sp.temperature) for sp in sps]
     top_k = [vocab_size if sp.top_k is None or sp.top_k < 1 else min(sp.top_k, vocab_size) for sp in sps]
@@ -93,15 +95,17 @@ def build_static_sampling(states: list[RequestState], vocab_size: int, device: t
     pad = [0] * (len(states) % 2)  # rows of the int64 pack start 16-byte aligned (seeds go to a Triton kernel)
     ints = torch.tensor([top_k + pad, [s.sample_seed for s in states] + pad], dtype=torch.int64).to(device)
     n = len(states)
+    has_penalties = any(s.has_penalties for s in states)
     return StaticSampling(
         temperature=floats[0], top_p=floats[1], min_p=floats[2], presence_penalty=floats[3],
         frequency_penalty=floats[4], repetition_penalty=floats[5], top_k=ints[0, :n], seeds=ints[1, :n],
         all_greedy=all(t == 0 for t in temps),
-        has_penalties=any(s.has_penalties for s in states),
+        has_penalties=has_penalties,
         has_top_k=any(k < vocab_size for k in top_k),
         has_top_p=any(sp.top_p < 1 for sp in sps),
         has_min_p=any(sp.min_p > 0 for sp in sps),
         may_ban=any(s.banned_before_min and s.sampling_params.min_tokens > 0 for s in states),
+        prompt_ids=_padded([s.prompt_token_ids for s in states], device) if has_penalties else None,
     )
 
 
@@ -132,7 +136,7 @@ def build_sampling_tensors(states: list[RequestState], positions: Union[list[int
         repetition_penalty=static.repetition_penalty,
         seeds=static.seeds,
         positions=positions,
-        prompt_ids=_padded([s.prompt_token_ids for s in states], device) if has_pen else None,
+        prompt_ids=static.prompt_ids,
         output_ids=_padded([s.output_token_ids for s in states], device) if has_pen else None,
         banned_ids=banned,
         all_greedy=static.all_greedy,
@@ -143,10 +147,8 @@ def build_sampling_tensors(states: list[RequestState], positions: Union[list[int
     )
 
 
-def _fold_seed(seed: int | None) -> int:
+def _fold_seed(seed: int) -> int:
     """Any Python int -> a signed int64 (seeds beyond 64 bits are folded by xor of 64-bit words)."""
-    if seed is None:
-        return 0
     s = seed & ((1 << 64) - 1) if seed >= 0 else seed % (1 << 64)
     rest = abs(seed) >> 64
     while rest:
