@@ -85,10 +85,9 @@ def cmd_generate(argv: list[str]) -> int:
     if args.raw:
         prompt_ids = tokenizer.encode(args.prompt)
     else:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False
-        )
-        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+        from ladle.engine.tokenizer import apply_chat_template
+
+        prompt_ids = apply_chat_template(tokenizer, [{"role": "user", "content": args.prompt}])
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     outputs = llm.generate([prompt_ids], params)
     print(outputs[0].outputs[0].text)

@@ -76,6 +76,11 @@ def config_fields() -> list[tuple[str, dataclasses.Field]]:
     return out
 
 
+def _default(f: dataclasses.Field) -> Any:
+    """The field's default value (calling its default_factory if it has one)."""
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
 def _dest(comp: str, f: dataclasses.Field) -> str:
     return f"{comp}__{f.name}"
 
@@ -92,7 +97,7 @@ def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True
         if comp == _SERVER and not include_server:
             continue
         flag, help_text = f.metadata["flag"], f.metadata["help"]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = _default(f)
         kind = _base_type(f.type)
         if not flag.startswith("-"):
             parser.add_argument(_dest(comp, f), nargs="?", default=default, metavar=flag.upper(), help=help_text)
@@ -114,7 +119,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
     """Build the frozen configs from a namespace produced by a parser with `add_config_args`."""
     values: dict[str, dict[str, Any]] = {comp: {} for comp in list(COMPONENTS) + [_SERVER]}
     for comp, f in config_fields():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = _default(f)
         values[comp][f.name] = getattr(args, _dest(comp, f), default)
     engine = EngineConfig(**{comp: cls(**values[comp]) for comp, cls in COMPONENTS.items()})
     return engine, ServerConfig(**values[_SERVER])
@@ -195,7 +200,7 @@ def flags_markdown() -> str:
     rows = ["| flag | default | meaning |", "|---|---|---|"]
     for comp, f in config_fields():
         flag = f.metadata["flag"]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = _default(f)
         if _base_type(f.type) == "bool" and flag.startswith("--"):
             flag = f"{flag} / --no-{flag[2:]}"
         if not flag.startswith("-"):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ladle.bench.metrics import calculate_metrics, parse_goodput, stats_ms
+from ladle.bench.metrics import calculate_metrics, parse_goodput, percentile_key, stats_ms
 from ladle.bench.request import RequestOutput
 from ladle.bench.server_info import machine_info
 
@@ -91,14 +91,14 @@ def build_result(
 
 def _interactivity(outputs: list[RequestOutput], output_lens: list[int], pcts: list[float]) -> dict[str, float]:
     """InferenceX's interactivity, tok/s/user = 1000 / TPOT_ms, for median and each percentile of TPOT."""
-    tpots = [(o.latency - o.ttft) / (n - 1) * 1000 for o, n in zip(outputs, output_lens) if o.success and n > 1]
+    tpots = [t * 1000 for t in _tpots(outputs, output_lens)]
     if not tpots:
         return {}
     med = float(np.median(tpots))
     out = {"median": 1000 / med if med > 0 else None}
     for p in pcts:
         v = float(np.percentile(tpots, p))
-        out[f"p{int(p) if int(p) == p else p}"] = 1000 / v if v > 0 else None
+        out[percentile_key(p)] = 1000 / v if v > 0 else None
     return out
 
 
@@ -133,7 +133,7 @@ def ladle_section(
         "total_token_throughput_per_gpu": result["total_token_throughput"] / num_gpus,
         "output_throughput_per_gpu": result["output_throughput"] / num_gpus,
         "interactivity_tok_s_user": _interactivity(outputs, result["output_lens"], pcts),
-        "tpot_percentiles_ms": {k.split("_")[0]: v for k, v in stats_ms(_tpots(outputs, result), "tpot", pcts).items()
+        "tpot_percentiles_ms": {k.split("_")[0]: v for k, v in stats_ms(_tpots(outputs, result["output_lens"]), "tpot", pcts).items()
                                 if k.startswith("p")},
         "achieved_prefix_hit_rate_usage": (sum(o.cached_tokens or 0 for o in cached) / sum(o.prompt_len for o in cached))
         if cached and sum(o.prompt_len for o in cached) else None,
@@ -141,8 +141,9 @@ def ladle_section(
     }
 
 
-def _tpots(outputs: list[RequestOutput], result: dict[str, Any]) -> list[float]:
-    return [(o.latency - o.ttft) / (n - 1) for o, n in zip(outputs, result["output_lens"]) if o.success and n > 1]
+def _tpots(outputs: list[RequestOutput], output_lens: list[int]) -> list[float]:
+    """TPOT in seconds of each successful request with more than one output token."""
+    return [(o.latency - o.ttft) / (n - 1) for o, n in zip(outputs, output_lens) if o.success and n > 1]
 
 
 def print_summary(args: argparse.Namespace, r: dict[str, Any]) -> None:
@@ -177,7 +178,7 @@ def print_summary(args: argparse.Namespace, r: dict[str, Any]) -> None:
         print(fline(f"Mean {short} (ms):", r[f"mean_{name}_ms"]))
         print(fline(f"Median {short} (ms):", r[f"median_{name}_ms"]))
         for p in selected_percentiles(args):
-            key = f"p{int(p) if int(p) == p else p}"
+            key = percentile_key(p)
             print(fline(f"{key.upper()} {short} (ms):", r[f"{key}_{name}_ms"]))
     ag = r["ladle"].get("agentic")
     if ag:

@@ -40,16 +40,17 @@ def concurrency_points(args: argparse.Namespace) -> list[int]:
 
 
 def point_args(args: argparse.Namespace, c: int, out_dir: str) -> argparse.Namespace:
+    from ladle.bench.report import selected_metrics, selected_percentiles
+
     a = copy.copy(args)
     a.max_concurrency = c
     if args.prompts_per_concurrency is not None:
         a.num_prompts = args.prompts_per_concurrency * c
     if args.warmups_per_concurrency is not None:
         a.num_warmups = args.warmups_per_concurrency * c
-    pcts = sorted({float(x) for x in str(args.metric_percentiles).split(",")} | {50.0, 90.0, 99.0})
+    pcts = sorted(set(selected_percentiles(args)) | {50.0, 90.0, 99.0})
     a.metric_percentiles = ",".join(f"{p:g}" for p in pcts)
-    metrics = (args.percentile_metrics or "ttft,tpot,itl").split(",")
-    a.percentile_metrics = ",".join(dict.fromkeys(metrics + ["ttft", "tpot", "itl", "e2el"]))
+    a.percentile_metrics = ",".join(dict.fromkeys(selected_metrics(args) + ["ttft", "tpot", "itl", "e2el"]))
     a.save_result, a.result_dir, a.result_filename = True, out_dir, f"c{c}.json"
     return a
 

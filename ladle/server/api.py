@@ -30,7 +30,7 @@ from ladle.server.errors import OpenAIError, error_body, install_error_handlers
 from ladle.server.metrics import CONTENT_TYPE, ServerMetrics
 from ladle.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse, ladle_version)
-from ladle.server.serving_chat import ChatHandler, _message_dicts
+from ladle.server.serving_chat import ChatHandler, chat_prompt_ids
 from ladle.server.serving_common import ServingContext
 from ladle.server.serving_completions import CompletionHandler
 
@@ -83,12 +83,7 @@ def _dispatch_snapshot() -> Any:
         from ladle.observe import dispatch
     except Exception:
         return {}
-    for name in ("snapshot", "to_dict", "as_dict", "report_dict", "get_counts"):
-        fn = getattr(dispatch, name, None)
-        if callable(fn):
-            with contextlib.suppress(Exception):
-                return fn()
-    return {}
+    return dispatch.snapshot()
 
 
 def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None) -> FastAPI:
@@ -150,15 +145,9 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
             add_special = True if req.add_special_tokens is None else req.add_special_tokens
             ids = list(ctx.tokenizer.encode(req.prompt, add_special_tokens=add_special))
         else:
-            chat_req = ChatCompletionRequest(messages=req.messages)  # reuse the content checks
-            from ladle.engine.tokenizer import apply_chat_template
-
-            kwargs = dict(req.chat_template_kwargs or {})
-            if req.continue_final_message:
-                kwargs["continue_final_message"] = True
-            ids = apply_chat_template(ctx.tokenizer, _message_dicts(chat_req),
-                                      add_generation_prompt=req.add_generation_prompt
-                                      and not req.continue_final_message, **kwargs)
+            ids = chat_prompt_ids(ctx.tokenizer, ChatCompletionRequest(
+                messages=req.messages, chat_template_kwargs=req.chat_template_kwargs,
+                add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message))
         strs = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ids] if req.return_token_strs else None
         return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
                                              token_strs=strs).model_dump())
@@ -166,10 +155,7 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
         ctx.check_model(req.model)
-        vocab = ctx.vocab_size()
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
-            raise OpenAIError(f"token id {bad[0]} is out of range [0, {vocab})", 400, "tokens")
+        ctx.check_token_ids(req.tokens, "tokens")
         return JSONResponse(DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens)).model_dump())
 
     @app.get("/metrics")

@@ -22,9 +22,9 @@ from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, Ch
                                    ChatCompletionStreamResponse, ChatLogprobToken, ChatResponseMessage, DeltaMessage,
                                    TopLogprob, random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob, close_runs, collect_runs, include_usage, make_sampling_params,
-                                         make_usage, merge_runs, resolve_max_tokens, sse, stop_reason_or_none,
-                                         stream_runs)
+                                         clamp_logprob, close_runs, collect_runs, engine_failure, include_usage,
+                                         make_sampling_params, make_usage, merge_runs, resolve_max_tokens, sse,
+                                         stop_reason_or_none, stream_runs)
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
@@ -48,6 +48,24 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
+    """`req.messages` through the chat template (chat_template_kwargs, continue_final_message, tools), tokenized.
+    Template errors (missing roles, bad kwargs) are the client's: a 400."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.continue_final_message:
+        kwargs["continue_final_message"] = True
+    if req.tools:
+        kwargs["tools"] = req.tools
+    try:
+        return apply_chat_template(tokenizer, _message_dicts(req),
+                                   add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                                   **kwargs)
+    except OpenAIError:
+        raise
+    except Exception as e:
+        raise OpenAIError(f"could not apply the chat template: {e}", 400, "messages") from e
+
+
 def _chat_logprobs(ctx: ServingContext, token_ids: list[int], entries: Optional[list[TokenLogprobs]],
                    k: int) -> list[ChatLogprobToken]:
     out = []
@@ -67,7 +85,7 @@ class ChatHandler:
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
 
-    def _build_run(self, req: ChatCompletionRequest) -> tuple[PromptRun, Optional[int]]:
+    def _build_run(self, req: ChatCompletionRequest) -> tuple[PromptRun, bool]:
         ctx = self.ctx
         ctx.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
@@ -76,34 +94,22 @@ class ChatHandler:
             raise OpenAIError(f"top_logprobs must be in [0, 20], got {req.top_logprobs}", 400, "top_logprobs")
         if req.response_format and req.response_format.get("type", "text") != "text":
             raise OpenAIError("not supported yet: response_format other than text", 400, "response_format")
-        kwargs = dict(req.chat_template_kwargs or {})
-        if req.continue_final_message:
-            kwargs["continue_final_message"] = True
-        if req.tools:
-            kwargs["tools"] = req.tools
         if req.tool_choice not in (None, "none", "auto"):  # forcing a call needs a tool-call parser
             raise OpenAIError("not supported yet: tool_choice other than \"none\" or \"auto\" (ladle has no "
                               "tool-call parser yet, so it cannot guarantee a call)", 400, "tool_choice")
-        try:
-            prompt_ids = apply_chat_template(ctx.tokenizer, _message_dicts(req),
-                                             add_generation_prompt=req.add_generation_prompt
-                                             and not req.continue_final_message, **kwargs)
-        except OpenAIError:
-            raise
-        except Exception as e:  # template errors (missing roles, bad kwargs) are the client's
-            raise OpenAIError(f"could not apply the chat template: {e}", 400, "messages") from e
+        prompt_ids = chat_prompt_ids(ctx.tokenizer, req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt_ids), ctx.max_model_len, None)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = make_sampling_params(req, max(max_tokens, 1), top, scoring_only=max_tokens == 0)
         run = PromptRun(index=0, prompt_ids=prompt_ids, prompt_text="", params=params,
                         timer=RequestTimer(ctx.metrics))
-        return run, (0 if max_tokens == 0 else None)
+        return run, max_tokens == 0
 
     async def handle(self, req: ChatCompletionRequest, raw: Request) -> Response:
         run, zero = self._build_run(req)
         runs = [run]
-        if zero is not None:  # max_tokens 0: nothing to generate
+        if zero:  # max_tokens 0: nothing to generate
             response = self._response(req, run, zero=True)
             if req.stream:
                 return StreamingResponse(self._replay(req, response), media_type="text/event-stream")
@@ -161,8 +167,8 @@ class ChatHandler:
                 yield chunk(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
             async for _run, out in merge_runs([run]):
                 for c in out.outputs:
-                    if c.finish_reason == "error":
-                        yield sse_error(f"the engine failed this request: {c.error or 'unknown error'}", 500)
+                    if (failure := engine_failure(c)) is not None:
+                        yield sse_error(failure, 500)
                         yield SSE_DONE
                         return
                     logprobs = None

@@ -61,8 +61,12 @@ class ServingContext:
             self._token_strs[token_id] = s
         return s
 
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        """400 naming the first id outside [0, vocabulary size)."""
+        vocab = len(self.tokenizer)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise OpenAIError(f"token id {bad[0]} is out of range [0, {vocab})", 400, param)
 
 
 def resolve_max_tokens(requested: Optional[int], num_prompt_tokens: int, max_model_len: int,
@@ -261,14 +265,21 @@ async def close_runs(ctx: ServingContext, runs: list[PromptRun]) -> None:
                     await ctx.engine.abort(run.request_id)
 
 
+def engine_failure(c: CompletionOutput) -> Optional[str]:
+    """The client-facing message for a choice the engine failed (finish_reason "error"), else None."""
+    if c.finish_reason != "error":
+        return None
+    return f"the engine failed this request: {c.error or 'unknown error'}"
+
+
 async def collect_runs(ctx: ServingContext, raw: Optional[Request], runs: list[PromptRun]) -> None:
     """Non-streaming: run to completion, aborting if the client disconnects."""
 
     async def drain() -> None:
         async for _run, out in merge_runs(runs):
             for c in out.outputs:
-                if c.finish_reason == "error":
-                    raise OpenAIError(f"the engine failed this request: {c.error or 'unknown error'}", 500)
+                if (failure := engine_failure(c)) is not None:
+                    raise OpenAIError(failure, 500)
 
     try:
         await start_runs(ctx, raw, runs)

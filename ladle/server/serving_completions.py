@@ -19,9 +19,9 @@ from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, Comple
                                    CompletionResponseChoice, CompletionStreamChoice, CompletionStreamResponse,
                                    random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob, close_runs, collect_runs, include_usage, make_sampling_params,
-                                         make_usage, merge_runs, resolve_max_tokens, sse, stop_reason_or_none,
-                                         stream_runs)
+                                         clamp_logprob, close_runs, collect_runs, engine_failure, include_usage,
+                                         make_sampling_params, make_usage, merge_runs, resolve_max_tokens, sse,
+                                         stop_reason_or_none, stream_runs)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -36,15 +36,12 @@ def _prompts(ctx: ServingContext, prompt: Union[str, list]) -> list[tuple[list[i
         items = list(prompt)
     if not items:
         raise OpenAIError("The prompt is empty; send at least one prompt.", 400, "prompt")
-    vocab = ctx.vocab_size()
     out = []
     for item in items:
         if isinstance(item, str):
             out.append((list(ctx.tokenizer.encode(item)), item))
         else:
-            bad = [t for t in item if not 0 <= t < vocab]
-            if bad:
-                raise OpenAIError(f"token id {bad[0]} is out of range [0, {vocab})", 400, "prompt")
+            ctx.check_token_ids(item, "prompt")
             out.append((list(item), ctx.tokenizer.decode(item)))
     return out
 
@@ -149,8 +146,8 @@ class CompletionHandler:
         try:
             async for run, out in merge_runs(runs):
                 for c in out.outputs:
-                    if c.finish_reason == "error":
-                        yield sse_error(f"the engine failed this request: {c.error or 'unknown error'}", 500)
+                    if (failure := engine_failure(c)) is not None:
+                        yield sse_error(failure, 500)
                         yield SSE_DONE
                         return
                     index = run.index * req.n + c.index
