@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -17,10 +16,3 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     assert x.shape[-1] % 2 == 0, f"last dim {x.shape[-1]} is not even"
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
-
-
-class SiluAndMul(nn.Module):
-    """Module form of `silu_and_mul`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul(x)

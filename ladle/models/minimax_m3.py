@@ -23,6 +23,7 @@ from torch import nn
 
 from ladle.layers.attention.metadata import AttentionMetadata, LayerCacheSpec, LayerKVCache, get_forward_context
 from ladle.layers.attention.msa_attention import MSAParams, paged_attention, paged_attention_triton
+from ladle.layers.embedding import VocabEmbedding
 from ladle.layers.moe import MoE
 from ladle.models.minimax_m3_config import M3Config, parse_m3_config
 from ladle.models.minimax_m3_layers import DenseMLP, GemmaRMSNorm, PartialNeoxRope
@@ -114,8 +115,8 @@ class MiniMaxM3ForCausalLM(nn.Module):
         cfg = parse_m3_config(hf_config)
         self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.fuse_shared_expert = True  # the unfused path stays for tests
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.embed_tokens.weight.requires_grad_(False)
+        # VocabEmbedding: same `weight` and lookup as nn.Embedding, without a random init that loading overwrites
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(M3DecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_hidden_layers))
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.lm_head = None if cfg.tie_word_embeddings else Proj(cfg.hidden_size, cfg.vocab_size, dtype, device)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ladle.layers.moe import swigluoai
+from ladle.layers.rotary import compute_inv_freq
 
 
 def _param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
@@ -45,7 +46,7 @@ class PartialNeoxRope(nn.Module):
     def __init__(self, rotary_dim: int, theta: float, device):
         super().__init__()
         self.rotary_dim = rotary_dim
-        inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        inv = compute_inv_freq(rotary_dim, theta)  # shared formula (ladle/layers/rotary.py), no scaling
         self.register_buffer("inv_freq", inv.to(device), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ import torch
 
 from ladle.layers.attention.metadata import AttentionMetadata, LayerKVCache
 from ladle.layers.attention.msa import msa_block_scores, msa_select_blocks, selection_key_mask
+from ladle.layers.attention.paged_ref import gather_sequence
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,6 @@ def write_cache(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Ten
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     flat.index_copy_(0, slots, rows[valid].to(cache.dtype))
-
-
-def gather_sequence(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """cache [num_blocks, block_size, *row] + block_ids [>= ceil(seq_len/bs)] -> [seq_len, *row] (positions 0..)."""
-    bs = cache.shape[1]
-    nb = -(-seq_len // bs)
-    rows = cache.index_select(0, block_ids[:nb].long())
-    return rows.reshape(nb * bs, *cache.shape[2:])[:seq_len]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

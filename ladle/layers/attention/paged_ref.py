@@ -61,10 +61,13 @@ def _host_lists(md: AttentionMetadata) -> tuple[list[int], list[int]]:
     return [int(x) for x in qsl], [int(x) for x in seq_lens]
 
 
-def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """cache [num_blocks, bs, H, D], block_ids [nb] -> [seq_len, H, D] (logical order)."""
-    _, block_size, num_heads, head_dim = cache.shape
-    return cache.index_select(0, block_ids).reshape(-1, num_heads, head_dim)[:seq_len]
+def gather_sequence(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [num_blocks, block_size, *row] + block_ids [>= ceil(seq_len/bs)] -> [seq_len, *row] (logical order,
+    positions 0..seq_len-1). Shared by the dense reference here and the MSA reference (K, V and index-K)."""
+    bs = cache.shape[1]
+    nb = -(-seq_len // bs)
+    rows = cache.index_select(0, block_ids[:nb].long())
+    return rows.reshape(nb * bs, *cache.shape[2:])[:seq_len]
 
 
 def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
@@ -146,7 +149,7 @@ def paged_attention_ref(
         assert seq_len >= n_q, f"request {i}: seq_len {seq_len} < query tokens {n_q}"
         num_blocks = (seq_len + block_size - 1) // block_size
         block_ids = md.block_table[i, :num_blocks].to(torch.int64)
-        k = _gather_context(key_cache, block_ids, seq_len)
-        v = _gather_context(value_cache, block_ids, seq_len)
+        k = gather_sequence(key_cache, block_ids, seq_len)
+        v = gather_sequence(value_cache, block_ids, seq_len)
         out[start:end] = _attend_one(q[start:end], k, v, seq_len - n_q, scale).to(q.dtype)
     return out
