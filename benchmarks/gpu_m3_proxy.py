@@ -57,6 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from gpu_e2e import _StepTimer  # noqa: E402
+from gpu_kernel_profile import format_profile, profile_kernels  # noqa: E402
 from gpu_m3_proxy_roofline import (GiB, decode_step_bytes, expected_distinct, memory_plan,  # noqa: E402
                                    prefill_flops, weight_bytes)
 
@@ -193,7 +194,7 @@ def run_decode(llm, timer, rec, batch: int, args, cfg, wb, bw_gbps, kv_elt) -> d
 
     core, runner = llm.core, llm.core.runner
     prompt_len = max(8, args.ctx - batch // 2 - args.warm - args.steps // 2)
-    gen = math.ceil(1.15 * batch) + args.warm + args.steps + args.rec_steps + 8
+    gen = math.ceil(1.15 * batch) + args.warm + args.steps + args.rec_steps + args.profile_steps + 9
     bs = runner.block_size
     need = batch * -(-(prompt_len + gen) // bs)
     if need > runner.num_blocks - 1:
@@ -209,6 +210,12 @@ def run_decode(llm, timer, rec, batch: int, args, cfg, wb, bw_gbps, kv_elt) -> d
         _run_until(core, timer, start, lambda rows: len(rows) >= args.warm + args.steps
                    and all(full(r) for r in rows[-(args.warm + args.steps):]))
         timed = [r for r in timer.rows[start:][-args.steps:] if full(r)]
+        prof = None
+        if batch in args.profile_batches and cuda_available():
+            try:  # the same graph-replayed step, its kernels summed by name (CUPTI reports graph kernels too)
+                prof = profile_kernels(core.step, args.profile_steps)
+            except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the timings
+                prof = dict(error=f"{type(exc).__name__}: {exc}")
         runner.graphs, rec.on, rec.steps = None, True, []
         t0 = len(timer.rows)
         for _ in range(args.rec_steps):
@@ -239,8 +246,12 @@ def run_decode(llm, timer, rec, batch: int, args, cfg, wb, bw_gbps, kv_elt) -> d
                 distinct_experts=statistics.mean(distinct[i] for i in moe_idx) if moe_idx else 0,
                 uniform_expect=expected_distinct(cfg.num_local_experts, cfg.num_experts_per_tok, batch),
                 bytes=mb, roof_ms=roof, pct_roof_fwd=100 * roof / med["fwd_ms"], pct_roof_step=100 * roof / med["wall_ms"],
-                tok_s=batch / (med["wall_ms"] * 1e-3), per_step=[dict(**x, ctx=statistics.mean(r["seq_lens"]))
+                tok_s=batch / (med["wall_ms"] * 1e-3), profile=prof, per_step=[dict(**x, ctx=statistics.mean(r["seq_lens"]))
                                                                 for x, r in zip(t, timed)])
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
 
 
 def ceilings(cuda: bool) -> tuple[float, float]:
@@ -338,11 +349,20 @@ def main(argv=None) -> int:
     ap.add_argument("--reserve-gib", type=float, default=6.0, help="activations + context + graphs, for 'auto'")
     ap.add_argument("--model-dir", default=None, help="config-only checkpoint dir (written if missing)")
     ap.add_argument("--time-budget-s", type=float, default=500, help="stop stepping after this; results so far kept")
+    ap.add_argument("--profile-batches", type=int, nargs="*", default=[1, 32, 128],
+                    help="batch sizes whose graph-replayed decode step is also profiled per kernel (torch.profiler)")
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--no-fused-norms", action="store_true",
+                    help="M3 kernel path with the torch norm/RoPE ops instead of the fused kernels (A/B)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.preset, args.layers, args.batches, args.ctx = "tiny", "3", [1, 4], 128
         args.steps, args.warm, args.rec_steps, args.prefill_reps = 4, 2, 2, 1
     cuda = torch.cuda.is_available() and not args.smoke
+    if args.no_fused_norms:
+        from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
+
+        MiniMaxM3ForCausalLM.fuse_norms = False
     from ladle.models.checkpoint_m3 import layer_overrides, make_checkpoint
 
     t0 = time.time()
@@ -385,7 +405,7 @@ def main(argv=None) -> int:
     assert cfg.num_hidden_layers == layers == len(model.layers), "the --hf-overrides did not apply"
     wb = weight_bytes(model)
     kv_elt = torch.empty(0, dtype=model.dtype).element_size()
-    res = dict(device=device, preset=args.preset, layers=layers, ctx=args.ctx, copy_gbps=bw, gemm_tflops=tf,
+    res = dict(device=device, preset=args.preset, layers=layers, ctx=args.ctx, fused_norms=not args.no_fused_norms, copy_gbps=bw, gemm_tflops=tf,
                memory_plan=plan, weights_gib=wb["total"] / GiB, kv_pool_gib=runner.kv_cache_bytes / GiB,
                kv_blocks=runner.num_blocks, graph_buckets=sorted(runner.graphs.graphs) if runner.graphs else [],
                hf_overrides=overrides, synthetic="dummy weights (uniform, seed 0); random prompt token ids; KV and "
@@ -409,7 +429,7 @@ def main(argv=None) -> int:
             res["prefill"] = r if isinstance(r, list) else [r]
         else:
             res["decode"].append(r)
-        brief = r if isinstance(r, list) else {k: v for k, v in r.items() if k != "per_step"}
+        brief = r if isinstance(r, list) else {k: v for k, v in r.items() if k not in ("per_step", "profile")}
         log(f"{name} done {time.time() - t0:.0f}s: {json.dumps(brief)}")
         _dump(res, args.out, cuda)
     timer.restore()
@@ -418,6 +438,12 @@ def main(argv=None) -> int:
     res["dispatch"] = dispatch.snapshot()
     _dump(res, args.out, cuda)
     log("\ndispatch record (ops captured in a graph count once, at capture):\n" + dispatch.format_table())
+    for r in res["decode"]:
+        p = r.get("profile")
+        if p and "error" in p:
+            log(f"profile B={r['batch']}: FAILED {p['error']}")
+        elif p:
+            log(format_profile(p, top=15, label=f"B={r['batch']} (graph replay, fused norms {res['fused_norms']})"))
     print_table(res)
     return 0
 

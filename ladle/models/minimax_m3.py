@@ -9,7 +9,8 @@ and `MiniMaxM3VLForCausalLM`. Checkpoint names map through ladle/models/minimax_
 
 Forward contract (ladle/models/interface.py): reads `get_forward_context()`; writes K, V and (sparse layers)
 index-K for every token with slot >= 0. `ctx.attn_backend == "triton"` (the runner's choice on CUDA) selects the
-ladle.kernels path for attention, the indexer and the MoE (graph-capturable); "torch" the reference path. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
+ladle.kernels path for attention, the indexer, the MoE and (with `fuse_norms`, default on) the norms: residual add +
+RMSNorm and per-head norm + RoPE fused into one kernel each (graph-capturable); "torch" the reference path. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
 left in `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
 """
 
@@ -53,11 +54,15 @@ class Indexer(nn.Module):
         self.q_norm = GemmaRMSNorm(di, cfg.rms_norm_eps, dtype, device)
         self.k_norm = GemmaRMSNorm(di, cfg.rms_norm_eps, dtype, device)
 
-    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """a [T, H] -> (index_q [T, ni, di], index_k [T, di])."""
+    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """a [T, H] -> (index_q [T, ni, di], index_k [T, di]). fused: norm + RoPE in one kernel per tensor."""
         t = a.shape[0]
-        iq = PartialNeoxRope.apply(self.q_norm(self.q_proj(a).view(t, self.ni, self.di)), cos, sin)
-        ik = PartialNeoxRope.apply(self.k_norm(self.k_proj(a).view(t, 1, self.di)), cos, sin)
+        iq, ik = self.q_proj(a).view(t, self.ni, self.di), self.k_proj(a).view(t, 1, self.di)
+        if fused:
+            iq, ik = self.q_norm.forward_rope_fused(iq, cos, sin), self.k_norm.forward_rope_fused(ik, cos, sin)
+        else:
+            iq, ik = PartialNeoxRope.apply(self.q_norm(iq), cos, sin), PartialNeoxRope.apply(self.k_norm(ik), cos, sin)
         return iq, ik.view(t, self.di)
 
 
@@ -77,16 +82,21 @@ class M3Attention(nn.Module):
         self.msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks) if sparse else None
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKVCache,
-                md: AttentionMetadata, backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor | None]:
+                md: AttentionMetadata, backend: str = "torch",
+                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """a [T, H] (input-normed) -> (out [T, H], selected_block_ids or None). backend "triton" runs the
-        ladle.kernels path (graph-safe), "torch" the per-request reference."""
+        ladle.kernels path (graph-safe), "torch" the per-request reference; fused: q/k (and index q/k) norm + RoPE
+        in one kernel per tensor instead of the torch composition."""
         t = a.shape[0]
-        q = PartialNeoxRope.apply(self.q_norm(self.q_proj(a).view(t, self.nh, self.d)), cos, sin)
-        k = PartialNeoxRope.apply(self.k_norm(self.k_proj(a).view(t, self.nkv, self.d)), cos, sin)
+        q, k = self.q_proj(a).view(t, self.nh, self.d), self.k_proj(a).view(t, self.nkv, self.d)
+        if fused:
+            q, k = self.q_norm.forward_rope_fused(q, cos, sin), self.k_norm.forward_rope_fused(k, cos, sin)
+        else:
+            q, k = PartialNeoxRope.apply(self.q_norm(q), cos, sin), PartialNeoxRope.apply(self.k_norm(k), cos, sin)
         v = self.v_proj(a).view(t, self.nkv, self.d)
         iq = ik = None
         if self.indexer is not None:
-            iq, ik = self.indexer(a, cos, sin)
+            iq, ik = self.indexer(a, cos, sin, fused)
         attend = paged_attention_triton if backend == "triton" else paged_attention
         out, selected = attend(q, k, v, cache, md, self.scale, iq, ik, self.msa)
         return self.o_proj(out.reshape(t, self.nh * self.d)), selected
@@ -109,6 +119,8 @@ class M3DecoderLayer(nn.Module):
 
 class MiniMaxM3ForCausalLM(nn.Module):
     """See module docstring. ctor(hf_config: root config.json dict or its text_config, dtype, device)."""
+
+    fuse_norms = True  # kernel path only: fused add+norm and norm+RoPE kernels (False: the torch ops, for A/B runs)
 
     def __init__(self, hf_config: dict, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         super().__init__()
@@ -144,19 +156,34 @@ class MiniMaxM3ForCausalLM(nn.Module):
             ctx.extras["msa_selected_block_ids"] = {}
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        kernels = ctx.attn_backend == "triton"
+        fused = kernels and self.fuse_norms
+        # fused: each residual add is folded into the next norm (`residual` carries the stream); otherwise the
+        # reference composition. Both round the add to the model dtype before normalising.
+        residual = None
         for i, layer in enumerate(self.layers):
-            a = layer.input_layernorm(h)
-            attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md, ctx.attn_backend)
-            h = h + attn
-            b = layer.post_attention_layernorm(h)
+            if not fused:
+                a = layer.input_layernorm(h)
+            elif residual is None:
+                a, residual = layer.input_layernorm.forward_fused(h), h
+            else:
+                a, residual = layer.input_layernorm.forward_fused(h, residual)
+            attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md, ctx.attn_backend, fused)
+            if fused:
+                b, residual = layer.post_attention_layernorm.forward_fused(attn, residual)
+            else:
+                h = h + attn
+                b = layer.post_attention_layernorm(h)
             if isinstance(layer.mlp, MoE):
-                mlp = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=ctx.attn_backend == "triton")
+                mlp = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=kernels)
             else:
                 mlp = layer.mlp(b)
-            h = h + mlp
+            h = mlp if fused else h + mlp
             if record and selected is not None:
                 ctx.extras["msa_selected_block_ids"][i] = selected
-        return self.norm(h)
+        if fused and residual is not None:
+            return self.norm.forward_fused(h, residual)[0]
+        return self.norm.forward_fused(h) if fused else self.norm(h)
 
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

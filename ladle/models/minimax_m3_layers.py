@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.kernels.head_norm_rope import head_norm_rope
+from ladle.kernels.rmsnorm import rms_norm
 from ladle.layers.moe import swigluoai
 from ladle.layers.rotary import compute_inv_freq
 
@@ -34,6 +36,17 @@ class GemmaRMSNorm(nn.Module):
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * (1.0 + self.weight.float())).type_as(x)
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Kernel path (ladle.kernels.rmsnorm, one launch): x [T, dim] -> y, or with residual [T, dim] -> (y, x +
+        residual) where y = norm(x + residual); the add rounds to x.dtype first, exactly as `h = h + attn` then
+        `forward(h)` does, and the (1 + w) scale is applied in float32 with one cast, as in `forward`."""
+        return rms_norm(x, self.weight, self.eps, residual=residual, weight_offset=1.0)
+
+    def forward_rope_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Kernel path for the per-head q/k norms: `PartialNeoxRope.apply(self(x), cos, sin)` in one launch
+        (ladle.kernels.head_norm_rope, same rounding points). x [T, heads, dim], cos/sin [T, r] in x.dtype."""
+        return head_norm_rope(x, self.weight, self.eps, cos, sin)
 
 
 class PartialNeoxRope(nn.Module):
