@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ladle.kernels._common import interpreting
 from ladle.kernels.head_norm_rope import head_norm_rope, head_norm_rope_ref
 from ladle.models.minimax_m3_layers import GemmaRMSNorm, PartialNeoxRope
 from ladle.observe import dispatch
@@ -48,7 +49,8 @@ def test_head_norm_rope_float32_matches_formula(device, T, H, D, rot, strided):
     before = dispatch.snapshot()["ops"].get("head_norm_rope", {}).get("buckets", {})
     out = head_norm_rope(x.to(device), w.to(device), 1e-6, cos.to(device), sin.to(device))
     counts = dispatch.snapshot()["ops"]["head_norm_rope"]["buckets"]
-    assert sum(v["executed"] for v in counts.values()) > sum(v["executed"] for v in before.values())
+    if device == "cuda" or interpreting():  # a CPU tensor on a CUDA box runs the reference (not eligible)
+        assert sum(v["executed"] for v in counts.values()) > sum(v["executed"] for v in before.values())
     want = _formula64(x, w, 1e-6, cos, sin)
     assert out.shape == (T, H, D) and out.is_contiguous()
     assert _rel(out.cpu(), want) < 1e-6
@@ -58,9 +60,8 @@ def test_head_norm_rope_float32_matches_formula(device, T, H, D, rot, strided):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_head_norm_rope_bf16_matches_torch_layers(device):
     """bf16: the kernel reproduces the rounding points of GemmaRMSNorm then PartialNeoxRope.apply, so nearly every
-    element is bit-identical on the GPU (the sum of squares may be added in another order: at most 1 ulp apart). The
-    Triton CPU interpreter casts float32 -> bf16 by truncation, not round-to-nearest-even (checked on triton 3.6), so
-    there only the 2-ulp bound is asserted."""
+    element is bit-identical (the sum of squares may be added in another order: then 1 ulp apart), on the GPU and
+    under the CPU interpreter alike (the kernel rounds with integer ops: the interpreter truncates on a bf16 cast)."""
     T, H, D, rot = 9, 4, 64, 32
     x, w, positions = _inputs(T, H, D, rot, seed=3, dtype=torch.bfloat16, strided=True)
     norm = GemmaRMSNorm(D, 1e-6, torch.bfloat16, "cpu")
@@ -69,9 +70,8 @@ def test_head_norm_rope_bf16_matches_torch_layers(device):
     cos, sin = rope.cos_sin(positions, torch.bfloat16)
     want = PartialNeoxRope.apply(norm(x), cos, sin)
     out = head_norm_rope(x.to(device), w.to(device), 1e-6, cos.to(device), sin.to(device)).cpu()
-    if device == "cuda":
-        same = (out == want).float().mean().item()
-        assert same > 0.97, f"only {same:.3f} of elements bit-identical to the torch layers"
+    same = (out == want).float().mean().item()
+    assert same > 0.97, f"only {same:.3f} of elements bit-identical to the torch layers"
     # each of the three roundings moves a value by < 1 ulp <= 2^-7 x the head's largest normed value (bf16 keeps 8
     # significant bits), so the gap to the torch layers stays under 3 such ulps everywhere
     ulp = norm(x).float().abs().amax(-1, keepdim=True) * 2.0 ** -7
