@@ -15,8 +15,8 @@ import torch
 
 # (group, substrings): first match wins; names are lower-cased kernel symbols
 GROUPS = [
+    ("fused_moe (ladle)", ("_gemm1_kernel", "_gemm2_kernel", "_fused_moe", "_moe_")),  # before the generic "gemm"
     ("gemm (cuBLAS/CUTLASS)", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "splitk")),
-    ("fused_moe", ("_fused_moe", "moe_")),
     ("msa attention/indexer", ("_sparse_attn", "_merge_kernel", "_index_score", "_index_topk", "msa")),
     ("dense attention", ("_attn", "attention", "_decode", "_prefill")),
     ("norm / rope", ("rmsnorm", "head_norm_rope", "_rope")),
