@@ -16,6 +16,14 @@ each kernel timed as a single eager launch (do_bench median, L2 flushed) and as 
 sets totalling >= 4x the 50 MB L2; error against a torch reference computed in the same run. The table is printed
 last; everything goes to --out as JSON.
 
+Variants (decode B=1/32/128): besides the default-settings rows, the indexer and the sparse attention are timed in
+each of {2-launch, fused} x {bsearch, vec} (rows tagged "[...]" with target "variant"): 2-launch = separate
+top-k / split-merge launch, fused = the last-arriving split program does it (arrival counters, see
+ladle/kernels/split_counters.py); bsearch / vec = binary-search / vector request lookup. Each variant writes into
+poisoned outputs and is checked against the same reference three times: after one eager call, after the eager
+timing loop, after the CUDA-graph replays ("a/b/c" in the error column; a counter that failed to reset would leave
+poison behind).
+
 The TP4-rank proxy (whole decode step and 8K prefill through the engine, against the byte / FLOP rooflines) is
 benchmarks/gpu_m3_proxy.py (run separately: it holds ~120 GiB of the GPU).
 """
@@ -183,6 +191,9 @@ def run_msa(batch, prefill, bw, fl):
     add_row("msa_sparse_attn", label + f" R={R}", single, graph, attn_bytes if not prefill else 0,
             attn_flops if prefill else 0, f"rel {err:.2e}",
             ">=70% copy BW" if (not prefill and batch >= 32) else "-", bw, fl)
+    if not prefill:
+        msa_variant_rows(c, sels, label + f" R={R}", indexer_ref_sets(c, 0), attn_ref(c, 0, sels[0]), idx_bytes,
+                         attn_bytes, ">=70% copy BW" if batch >= 32 else "-", bw, fl)
     if not prefill and batch >= 32 and not QUICK:
         stage_breakdown(c, sels, outs, label, idx_bytes, attn_bytes, bw, fl)
     if not prefill and batch >= 32 and not QUICK:  # split-count sweep (shape constants only; reported, not auto-applied)
@@ -200,6 +211,39 @@ def run_msa(batch, prefill, bw, fl):
                     time_graph_us(fns), idx_bytes, 0, "-", "sweep", bw, fl)
     del c
     torch.cuda.empty_cache()
+
+
+MSA_VARIANTS = [(fused, vec) for fused in (False, True) for vec in (False, True)]  # (fused, vector lookup)
+
+
+def msa_variant_rows(c, sels, label, idx_ref, attn_ref_out, idx_bytes, attn_bytes, target, bw, fl):
+    """Old two-launch vs fused (x binary search vs vector request lookup) side by side at one decode shape. Every
+    attention variant reads the same selections `sels`, so both ops have one reference each (idx_ref: sets of
+    `indexer_ref_sets`; attn_ref_out: `attn_ref` of sels[0]). Error column: check after the first eager call /
+    after the eager timing loop / after the graph replays, outputs re-poisoned before each."""
+    R, T = c["R"], c["T"]
+    vsels = [torch.empty(HKV, T, TOPK, dtype=torch.int32, device="cuda") for _ in range(R)]
+    vouts = [torch.empty(T, HQ, D, device="cuda", dtype=DT) for _ in range(R)]
+    for fused, vec in MSA_VARIANTS:
+        tag = f" [{'fused' if fused else '2-launch'} {'vec' if vec else 'bsearch'}]"
+        ifns = [lambda i=i: msa_indexer_triton(c["qi"][i], c["kic"], c["tables"][i], c["positions"], c["qsl"], TOPK,
+                                               out=vsels[i], fused_topk=fused, vec_search=vec) for i in range(R)]
+        afns = [lambda i=i: msa_sparse_attention_triton(c["q"][i], c["kc"], c["vc"], c["tables"][i], sels[i],
+                                                        c["positions"], c["qsl"], out=vouts[i], fused_merge=fused,
+                                                        vec_search=vec) for i in range(R)]
+        for kernel, fns, outs, poison, check, nbytes in (
+                ("msa_indexer", ifns, vsels, -7, lambda: f"{set_match(vsels[0], idx_ref):.3f}", idx_bytes),
+                ("msa_sparse_attn", afns, vouts, float("nan"),
+                 lambda: f"{rel_err(vouts[0].float(), attn_ref_out):.1e}", attn_bytes)):
+            checks, times = [], []
+            for timer in (lambda: fns[0](), lambda: time_single_us(fns[0]), lambda: time_graph_us(fns)):
+                for o in outs:
+                    o.fill_(poison)
+                times.append(timer())  # the first timer is the eager call that also grows the counter buffer
+                torch.cuda.synchronize()
+                checks.append(check())
+            add_row(kernel, label + tag, times[1], times[2], nbytes, 0,
+                    ("set " if kernel == "msa_indexer" else "rel ") + "/".join(checks), "variant " + target, bw, fl)
 
 
 def stage_breakdown(c, sels, outs, label, idx_bytes, attn_bytes, bw, fl):
@@ -286,12 +330,12 @@ def guarded(fn, *args):
 
 
 def print_table():
-    hdr = f"{'kernel':<16} {'shape':<52} {'single us':>9} {'graph us':>9} {'GB/s':>7} {'%BW':>5} {'TF/s':>6} {'%bf16':>5}  {'error':<22} target"
+    hdr = f"{'kernel':<16} {'shape':<52} {'single us':>9} {'graph us':>9} {'GB/s':>7} {'%BW':>5} {'TF/s':>6} {'%bf16':>5}  {'error':<27} target"
     log("\n" + hdr)
     log("-" * len(hdr))
     for r in ROWS:
         log(f"{r['kernel']:<16} {r['shape']:<52} {r['single_us']:>9.1f} {r['graph_us']:>9.1f} {r['gbps']:>7.0f} "
-            f"{r['pct_bw']:>5.1f} {r['tflops']:>6.1f} {r['pct_bf16']:>5.1f}  {r['err']:<22} {r['target']}")
+            f"{r['pct_bw']:>5.1f} {r['tflops']:>6.1f} {r['pct_bf16']:>5.1f}  {r['err']:<27} {r['target']}")
 
 
 def main():

@@ -17,8 +17,8 @@ Non-local entries are in descending score order. Ties: equal scores are broken t
 the kernel and in the reference), so selections are deterministic; tests still compare sets.
 Tokens at or past query_start_loc[-1] (CUDA-graph padding) and tokens with position < 0 get all -1.
 
-Kernels (two launches, fixed grids for a given (num_tokens, num_reqs, max_blocks) shape, no host sync, so the
-call can be captured in a CUDA graph):
+Kernels (fixed grids for a given (num_tokens, num_reqs, max_blocks) shape, no host sync, so the call can be
+captured in a CUDA graph). Two-launch path:
   1. `_index_score_kernel`, grid (cdiv(T, BLOCK_Q) + B, NUM_SPLITS): one program per (query tile of one request,
      split); it walks key blocks b = split, split + NUM_SPLITS, ... up to the tile's last local block, loads the
      [block_size, D] index-K page through the block table once for all BLOCK_Q tokens x num_kv_heads rows (the
@@ -27,6 +27,17 @@ call can be captured in a CUDA graph):
   2. `_index_topk_kernel`, grid (T, Hkv): forces the local block, masks invisible blocks, and selects the top-k
      (lowest id among equal scores) writing the layout above: for <= 128 blocks (16K context at block 128) by a
      one-pass rank count (an [N, N] comparison; no serial loop), beyond that by repeated argmax.
+Fused path (one launch; launcher argument `fused_topk`, default: module flag FUSED_TOPK and num_tokens <= num_reqs,
+i.e. decode-shaped launches such as the runner's CUDA-graph buckets): `_index_score_kernel` with FUSED_TOPK. After
+its score stores every split program of query tile `pid` increments the arrival counter `counters[pid]` (int32,
+`split_counters("msa_indexer", ...)`, acq_rel atomic); the program that sees NUM_SPLITS - 1 arrived last: it runs
+the same per-row selection (`_select_row`, shared with `_index_topk_kernel`) for the tile's rows and stores 0 back
+into the counter. Reset invariant: the counter buffer is zero before and after every launch (zeroed once at
+allocation, never by a host op afterwards; see ladle/kernels/split_counters.py). Tokens at or past
+query_start_loc[-1] are written (all -1) by split 0 of the tile programs that lie past every request (the grid has
+at least cdiv(padding, BLOCK_Q) of them).
+Request lookup: binary search over query_start_loc, or, when B < VEC_SEARCH_MAX_REQS (or `vec_search=True`), one
+vector load of it.
 """
 
 from __future__ import annotations
@@ -38,13 +49,18 @@ import triton
 import triton.language as tl
 
 from ladle.kernels._common import decide_triton, interpreting, num_sms, pow2_dot_reason, triton_ok
+from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
 
 OP = "msa_indexer"
-# Up to this many requests, find a tile's request with one vector load of query_start_loc instead of a
-# binary search (log2(B) dependent loads at the head of every program). Off by default: it passed the CPU
-# interpreter tests but has not yet run on a GPU (device budget ran out); set 4096 to try it.
-VEC_SEARCH_MAX_REQS = 0
+# Below this many requests, find a tile's request with one vector load of query_start_loc instead of a binary
+# search (log2(B) dependent loads at the head of every program); 0 turns it off. Launcher argument `vec_search`
+# overrides it per call (the GPU suite times both).
+VEC_SEARCH_MAX_REQS = 4096
+# Default of the launcher's `fused_topk` (None): top-k in the last-arriving score program for decode-shaped
+# launches (num_tokens <= num_reqs); False: always the two-launch path.
+FUSED_TOPK = True
+COUNTER_KEY = OP
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and index dim")
 
 
@@ -80,13 +96,76 @@ def _find_request_vec(qsl_ptr, pid, num_reqs, BLOCK_Q: tl.constexpr, REQS_P2: tl
 
 
 @triton.jit
+def _fill_padding(out_ptr, total, ptile, num_tokens, NUM_HEADS: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  TOPK: tl.constexpr, TOPK_P2: tl.constexpr):
+    """out[:, t, :] = -1 for the padding tokens t = total + ptile * BLOCK_Q + [0, BLOCK_Q), t < num_tokens."""
+    offs_m = tl.arange(0, BLOCK_Q * NUM_HEADS)
+    t = total + ptile * BLOCK_Q + offs_m // NUM_HEADS
+    h = offs_m % NUM_HEADS
+    slot = tl.arange(0, TOPK_P2)
+    ptr = out_ptr + (h.to(tl.int64) * num_tokens + t)[:, None] * TOPK + slot[None, :]
+    minus1 = tl.full([BLOCK_Q * NUM_HEADS, TOPK_P2], -1, tl.int32)
+    tl.store(ptr, minus1, mask=(t < num_tokens)[:, None] & (slot < TOPK)[None, :])
+
+
+@triton.jit
+def _select_tile(score_ptr, pos_ptr, out_ptr, t0, n_tok, num_tokens, max_blocks, NUM_HEADS: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NB_P2: tl.constexpr,
+                 RANK_SELECT: tl.constexpr):
+    """Top-k of the n_tok * NUM_HEADS rows (tokens t0 .. t0 + n_tok - 1, every head) of one tile, one row at a
+    time; scores read through L2 (.cg: other SMs wrote them)."""
+    for i in range(0, n_tok * NUM_HEADS):
+        t = t0 + i // NUM_HEADS
+        h = i % NUM_HEADS
+        pos = tl.load(pos_ptr + t)
+        n_vis = tl.minimum(tl.where(pos >= 0, pos // BLOCK_SIZE + 1, 0), max_blocks)
+        row = (h.to(tl.int64) * num_tokens + t)
+        _select_row(score_ptr + row * max_blocks, out_ptr + row * TOPK, n_vis, TOPK, TOPK_P2, NB_P2, RANK_SELECT,
+                    ".cg")
+
+
+@triton.jit
+def _select_row(row, out_row, n_vis, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NB_P2: tl.constexpr,
+                RANK_SELECT: tl.constexpr, CACHE: tl.constexpr):
+    """Select one row: scores row[0 .. n_vis) (fp32; block n_vis - 1 is the local block, forced), writes
+    out_row[0 .. TOPK) in the layout of the module docstring (lowest id among equal scores)."""
+    n_valid = tl.minimum(n_vis, TOPK)
+    bid = tl.arange(0, NB_P2)
+    s = tl.load(row + bid, mask=bid < n_vis, other=float("-inf"), cache_modifier=CACHE)
+    s = tl.where(bid == n_vis - 1, float("inf"), s)  # forced local block
+    slot = tl.arange(0, TOPK_P2)
+    if RANK_SELECT:
+        # one pass, no serial loop: rank_j = #{i : s_i > s_j, or s_i == s_j and i < j} (lower id wins ties);
+        # rank 0 is the local block (the only +inf), which goes to the last valid slot
+        bid_i = tl.arange(0, NB_P2)
+        s_i = tl.load(row + bid_i, mask=bid_i < n_vis, other=float("-inf"), cache_modifier=CACHE)
+        s_i = tl.where(bid_i == n_vis - 1, float("inf"), s_i)
+        better = (s_i[:, None] > s[None, :]) | ((s_i[:, None] == s[None, :]) & (bid_i[:, None] < bid[None, :]))
+        rank = tl.sum(better.to(tl.int32), axis=0)  # [NB_P2] over j
+        dst = tl.where(rank == 0, n_valid - 1, rank - 1)
+        dst = tl.where(rank < n_valid, dst, -1)
+        hit = dst[None, :] == slot[:, None]  # [TOPK_P2, NB_P2]
+        sel = tl.sum(tl.where(hit, bid[None, :] + 1, 0), axis=1) - 1
+    else:
+        sel = tl.full([TOPK_P2], -1, tl.int32)
+        for i in tl.static_range(TOPK):
+            best = tl.max(s, axis=0)
+            idx = tl.min(tl.where(s == best, bid, NB_P2), axis=0)  # lower block id wins ties
+            dst = tl.where(i == 0, n_valid - 1, i - 1)  # local block (found first) goes to the last valid slot
+            sel = tl.where((slot == dst) & (i < n_valid), idx, sel)
+            s = tl.where(bid == idx, float("-inf"), s)
+    tl.store(out_row + slot, sel, mask=slot < TOPK)
+
+
+@triton.jit
 def _index_score_kernel(
-    q_ptr, k_ptr, bt_ptr, pos_ptr, qsl_ptr, score_ptr,
+    q_ptr, k_ptr, bt_ptr, pos_ptr, qsl_ptr, score_ptr, out_ptr, cnt_ptr,
     num_reqs, num_tokens, max_blocks,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_bt,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
-    VEC_SEARCH: tl.constexpr,
+    VEC_SEARCH: tl.constexpr, FUSED_TOPK: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr,
+    NB_P2: tl.constexpr, RANK_SELECT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -97,6 +176,11 @@ def _index_score_kernel(
         q_start = tl.load(qsl_ptr + r, mask=r < num_reqs, other=0)
         q_end = tl.load(qsl_ptr + r + 1, mask=r < num_reqs, other=0)
     if r >= num_reqs:
+        if FUSED_TOPK:  # padding tokens (past query_start_loc[-1]): this program's share of them gets all -1
+            if split == 0:
+                total = tl.load(qsl_ptr + num_reqs)
+                _fill_padding(out_ptr, total, pid - (total // BLOCK_Q + num_reqs), num_tokens,
+                              NUM_HEADS, BLOCK_Q, TOPK, TOPK_P2)
         return
     tile = pid - (q_start // BLOCK_Q + r)
     t0 = q_start + tile * BLOCK_Q
@@ -131,6 +215,18 @@ def _index_score_kernel(
         s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
         best = tl.max(s, axis=1)  # [BLOCK_M]
         tl.store(out_row + b, best, mask=row_ok & (b < row_blocks))
+    if FUSED_TOPK:  # the last of the tile's NUM_SPLITS programs selects; counter protocol in split_counters.py
+        if NUM_SPLITS == 1:
+            tl.debug_barrier()  # this program's own score stores (other threads) before its loads
+            _select_tile(score_ptr, pos_ptr, out_ptr, t0, tl.minimum(q_end - t0, BLOCK_Q), num_tokens, max_blocks,
+                         NUM_HEADS, BLOCK_SIZE, TOPK, TOPK_P2, NB_P2, RANK_SELECT)
+        else:
+            cnt = cnt_ptr + pid
+            if arrive(cnt, NUM_SPLITS):
+                tl.debug_barrier()
+                _select_tile(score_ptr, pos_ptr, out_ptr, t0, tl.minimum(q_end - t0, BLOCK_Q), num_tokens,
+                             max_blocks, NUM_HEADS, BLOCK_SIZE, TOPK, TOPK_P2, NB_P2, RANK_SELECT)
+                release(cnt)
 
 
 @triton.jit
@@ -146,33 +242,8 @@ def _index_topk_kernel(
     pos = tl.load(pos_ptr + t)
     n_vis = tl.where((pos >= 0) & (t < total), pos // BLOCK_SIZE + 1, 0)
     n_vis = tl.minimum(n_vis, max_blocks)
-    n_valid = tl.minimum(n_vis, TOPK)
-    bid = tl.arange(0, NB_P2)
-    row = score_ptr + (h.to(tl.int64) * num_tokens + t) * max_blocks
-    s = tl.load(row + bid, mask=bid < n_vis, other=float("-inf"))
-    s = tl.where(bid == n_vis - 1, float("inf"), s)  # forced local block
-    slot = tl.arange(0, TOPK_P2)
-    if RANK_SELECT:
-        # one pass, no serial loop: rank_j = #{i : s_i > s_j, or s_i == s_j and i < j} (lower id wins ties);
-        # rank 0 is the local block (the only +inf), which goes to the last valid slot
-        bid_i = tl.arange(0, NB_P2)
-        s_i = tl.load(row + bid_i, mask=bid_i < n_vis, other=float("-inf"))
-        s_i = tl.where(bid_i == n_vis - 1, float("inf"), s_i)
-        better = (s_i[:, None] > s[None, :]) | ((s_i[:, None] == s[None, :]) & (bid_i[:, None] < bid[None, :]))
-        rank = tl.sum(better.to(tl.int32), axis=0)  # [NB_P2] over j
-        dst = tl.where(rank == 0, n_valid - 1, rank - 1)
-        dst = tl.where(rank < n_valid, dst, -1)
-        hit = dst[None, :] == slot[:, None]  # [TOPK_P2, NB_P2]
-        sel = tl.sum(tl.where(hit, bid[None, :] + 1, 0), axis=1) - 1
-    else:
-        sel = tl.full([TOPK_P2], -1, tl.int32)
-        for i in tl.static_range(TOPK):
-            best = tl.max(s, axis=0)
-            idx = tl.min(tl.where(s == best, bid, NB_P2), axis=0)  # lower block id wins ties
-            dst = tl.where(i == 0, n_valid - 1, i - 1)  # local block (found first) goes to the last valid slot
-            sel = tl.where((slot == dst) & (i < n_valid), idx, sel)
-            s = tl.where(bid == idx, float("-inf"), s)
-    tl.store(out_ptr + (h.to(tl.int64) * num_tokens + t) * TOPK + slot, sel, mask=slot < TOPK)
+    row = h.to(tl.int64) * num_tokens + t
+    _select_row(score_ptr + row * max_blocks, out_ptr + row * TOPK, n_vis, TOPK, TOPK_P2, NB_P2, RANK_SELECT, "")
 
 
 def default_num_splits(num_tokens: int, num_reqs: int, max_blocks: int, block_q: int, device: torch.device) -> int:
@@ -200,8 +271,14 @@ def msa_indexer_triton(
     scores: Optional[torch.Tensor] = None,  # scratch [Hkv, T, max_blocks] fp32
     num_warps: int = 4,
     num_stages: int = 3,
+    fused_topk: Optional[bool] = None,  # None: FUSED_TOPK and T <= B (decode-shaped); True: fused for any shape
+    vec_search: Optional[bool] = None,  # None: B < VEC_SEARCH_MAX_REQS
 ) -> torch.Tensor:
     """Triton indexer. Returns `selected_block_ids [Hkv, T, topk] int32` (layout in the module docstring).
+
+    The fused path uses (and leaves zero) the persistent counter buffer `split_counters("msa_indexer", device,
+    cdiv(T, BLOCK_Q) + B)`; the first call at a larger shape must be eager (it may allocate), which the runner's
+    CUDA-graph warm-up guarantees.
 
     Preconditions (asserted): the index-K rows of every position <= positions[t] are already in the cache;
     block_size and D are powers of two; T tokens are packed per request as described by query_start_loc.
@@ -232,14 +309,22 @@ def msa_indexer_triton(
     positions = positions.to(torch.int64)
     nb_p2 = triton.next_power_of_2(max_blocks)
     grid = (triton.cdiv(T, block_q) + B, num_splits)
+    fused = (FUSED_TOPK and T <= B) if fused_topk is None else fused_topk
+    if vec_search is None:
+        vec_search = B < VEC_SEARCH_MAX_REQS
+    counters = split_counters(COUNTER_KEY, dev, grid[0]) if fused and num_splits > 1 else out  # else unused
     _index_score_kernel[grid](
-        index_q, index_k_cache, block_table, positions, query_start_loc, scores,
+        index_q, index_k_cache, block_table, positions, query_start_loc, scores, out, counters,
         B, T, max_blocks,
         index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
         NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
-        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=B < VEC_SEARCH_MAX_REQS,
-        FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), num_warps=num_warps, num_stages=num_stages,
+        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=bool(vec_search),
+        FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), FUSED_TOPK=bool(fused), TOPK=topk,
+        TOPK_P2=triton.next_power_of_2(topk), NB_P2=nb_p2, RANK_SELECT=nb_p2 <= 128,
+        num_warps=num_warps, num_stages=num_stages,
     )
+    if fused:
+        return out
     _index_topk_kernel[(T, H)](
         scores, positions, query_start_loc, out, B, T, max_blocks,
         BLOCK_SIZE=bs, TOPK=topk, TOPK_P2=triton.next_power_of_2(topk),

@@ -9,9 +9,22 @@ Kernel (query-major, vLLM `minimax_m3/common/ops/sparse_attn.py` style, written 
 design/kernels_and_limits.md §3.2): grid (T, Hkv, NUM_SPLITS). One program loads the G = Hq/Hkv query heads of its
 group as the MMA M dimension (padded to >= 16), walks its share of the selected slots (split s takes slots
 [s*per, (s+1)*per)), maps each logical block through block_table to a page, loads the [block_size, D] K and V
-tiles once for all G heads, and runs an online base-2 softmax. With NUM_SPLITS > 1 each program writes a partial
-(acc, max, sum) and `_merge_kernel` combines them (log-sum-exp merge). NUM_SPLITS comes from shape constants only,
-so decode is CUDA-graph capturable.
+tiles once for all G heads, and runs an online base-2 softmax. NUM_SPLITS comes from shape constants only, so
+decode is CUDA-graph capturable.
+
+With NUM_SPLITS > 1 each program writes a partial (acc, max, sum) to fp32 scratch, and the partials are combined by
+the log-sum-exp merge of msa_sparse_attention_merge.py in one of two ways (launcher argument `fused_merge`,
+default the module flag FUSED_MERGE = True):
+  * fused (one launch): after its partial stores every split program increments the arrival counter of its
+    (token, kv-head), `counters[t * Hkv + g]` (int32, `split_counters("msa_sparse_attention", ...)`, acq_rel
+    atomic); the program that sees NUM_SPLITS - 1 arrived last: it reads all NUM_SPLITS partials of its G heads,
+    writes the output and stores 0 back into the counter. Reset invariant: the counter buffer is zero before and
+    after every launch (zeroed once at allocation, then kept zero by the last programs; never re-zeroed by a host
+    op, so CUDA-graph replays need nothing extra). See ladle/kernels/split_counters.py.
+  * two-launch: `_merge_kernel`, grid (T, Hq), as a second launch.
+
+Request lookup: a program finds its token's request by a binary search over query_start_loc (log2(B) dependent
+loads), or, when B < VEC_SEARCH_MAX_REQS (or `vec_search=True`), by one vector load of query_start_loc.
 """
 
 from __future__ import annotations
@@ -25,13 +38,19 @@ import triton.language as tl
 
 from ladle.kernels._common import (LOG2E, check_cache_pair, decide_triton, interpreting, num_sms,
                                    pow2_dot_reason, triton_ok)
+from ladle.kernels.msa_sparse_attention_merge import _merge_kernel, merge_group
+from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
 
 OP = "msa_sparse_attention"
-# Up to this many requests, find a token's request with one vector load of query_start_loc instead of a
-# binary search (log2(B) dependent loads at the head of every program). Off by default: it passed the CPU
-# interpreter tests but has not yet run on a GPU (device budget ran out); set 4096 to try it.
-VEC_SEARCH_MAX_REQS = 0
+# Below this many requests, find a token's request with one vector load of query_start_loc instead of a binary
+# search (log2(B) dependent loads at the head of every program); 0 turns it off. Launcher argument `vec_search`
+# overrides it per call (the GPU suite times both).
+VEC_SEARCH_MAX_REQS = 4096
+# Default of the launcher's `fused_merge` (None): merge the split-K partials in the last-arriving split program
+# (one launch) instead of a separate `_merge_kernel` launch.
+FUSED_MERGE = True
+COUNTER_KEY = OP
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
 
 
@@ -60,13 +79,13 @@ def _token_request_vec(qsl_ptr, t, num_reqs, REQS_P2: tl.constexpr):
 
 @triton.jit
 def _sparse_attn_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, sel_ptr, pos_ptr, qsl_ptr, out_ptr, pacc_ptr, pml_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, sel_ptr, pos_ptr, qsl_ptr, out_ptr, pacc_ptr, pml_ptr, cnt_ptr,
     num_reqs, num_tokens, sm_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SLOTS_PER_SPLIT: tl.constexpr,
     FP32_IEEE: tl.constexpr, SPLIT_DECODE: tl.constexpr, REQS_P2: tl.constexpr,
-    VEC_SEARCH: tl.constexpr,
+    VEC_SEARCH: tl.constexpr, FUSED_MERGE: tl.constexpr,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
@@ -140,25 +159,14 @@ def _sparse_attn_kernel(
         tl.store(pacc_ptr + base[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_ok[:, None])
         tl.store(pml_ptr + base * 2, m_i, mask=g_ok)
         tl.store(pml_ptr + base * 2 + 1, l_i, mask=g_ok)
-
-
-@triton.jit
-def _merge_kernel(pacc_ptr, pml_ptr, out_ptr, num_heads, stride_ot, stride_oh,
-                  HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, NUM_SPLITS)
-    offs_d = tl.arange(0, HEAD_DIM)
-    base = (t.to(tl.int64) * num_heads + h) * NUM_SPLITS + offs_s
-    m = tl.load(pml_ptr + base * 2)
-    l = tl.load(pml_ptr + base * 2 + 1)
-    m_max = tl.max(m, axis=0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.math.exp2(m - m_max)  # splits with no keys have m = -inf -> weight 0
-    denom = tl.sum(l * w, axis=0)
-    acc = tl.load(pacc_ptr + base[:, None] * HEAD_DIM + offs_d[None, :])
-    o = tl.sum(acc * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
-    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+        if FUSED_MERGE:  # last of the NUM_SPLITS programs of (t, g) merges; counter protocol in split_counters.py
+            cnt = cnt_ptr + t.to(tl.int64) * tl.num_programs(1) + g
+            if arrive(cnt, NUM_SPLITS):
+                tl.debug_barrier()
+                o = merge_group(pacc_ptr, pml_ptr, base - split, g_ok, HEAD_DIM, NUM_SPLITS, BLOCK_G)
+                tl.store(out_ptr + t * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                         o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+                release(cnt)
 
 
 def default_num_splits(num_tokens: int, num_kv_heads: int, topk: int, device: torch.device) -> int:
@@ -187,8 +195,14 @@ def msa_sparse_attention_triton(
     out: Optional[torch.Tensor] = None,  # [T, Hq, D] q.dtype
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,  # default 2 (H200 sweep, gpu_m3_suite run 2)
+    fused_merge: Optional[bool] = None,  # None: FUSED_MERGE; only matters when num_splits > 1
+    vec_search: Optional[bool] = None,  # None: B < VEC_SEARCH_MAX_REQS
 ) -> torch.Tensor:
-    """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation)."""
+    """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation).
+
+    With num_splits > 1 and the fused merge, uses (and leaves zero) the persistent counter buffer
+    `split_counters("msa_sparse_attention", device, T * Hkv)`; the first call at a larger T must be eager (it may
+    allocate), which the runner's CUDA-graph warm-up guarantees."""
     check_cache_pair(key_cache, value_cache)
     T, Hq, D = q.shape
     nb, bs, Hkv, Dk = key_cache.shape
@@ -216,24 +230,29 @@ def msa_sparse_attention_triton(
         return out
     positions = positions.to(torch.int64)
     per = triton.cdiv(topk, num_splits)
+    fused_merge = FUSED_MERGE if fused_merge is None else fused_merge
+    if vec_search is None:
+        vec_search = B < VEC_SEARCH_MAX_REQS
     if num_splits > 1:
         pacc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=dev)
         pml = torch.empty((T, Hq, num_splits, 2), dtype=torch.float32, device=dev)
     else:
         pacc = pml = out  # unused
+    fused = num_splits > 1 and fused_merge
+    counters = split_counters(COUNTER_KEY, dev, T * Hkv) if fused else selected_block_ids  # else unused
     big = bs * D >= 128 * 128
     _sparse_attn_kernel[(T, Hkv, num_splits)](
         q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out, pacc, pml,
-        B, T, scale * LOG2E,
+        counters, B, T, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
         TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
         FP32_IEEE=q.dtype == torch.float32 or interpreting(), SPLIT_DECODE=num_splits > 1,
-        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=B < VEC_SEARCH_MAX_REQS,
+        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=bool(vec_search), FUSED_MERGE=fused,
         num_warps=num_warps or (8 if big and num_splits == 1 else 4), num_stages=num_stages or 2,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         _merge_kernel[(T, Hq)](pacc, pml, out, Hq, out.stride(0), out.stride(1),
                                HEAD_DIM=D, NUM_SPLITS=num_splits, num_warps=4)
     return out

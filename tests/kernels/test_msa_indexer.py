@@ -157,3 +157,124 @@ def test_long_context_iterative_topk_path():
     out = msa_indexer_triton(*args)
     assert torch.equal(out, msa_indexer_ref(*args))
     _check_layout(out, b.positions, 5, 3)
+
+
+# ---- fused top-k (last split program selects) vs the two-launch path ------------------------------------------
+# small ragged batch: prefill from 0 (2 blocks), decode deep in, chunk straddling blocks, decodes at the last slot of
+# block 0 and the first of block 1 (fewer visible blocks than top-k), decode at a later boundary; 2 padding tokens
+SMALL_RAGGED = [(0, 20), (100, 1), (40, 9), (15, 1), (16, 1), (48, 1)]
+VARIANTS = [pytest.param(f, v, id=f"{'fused' if f else 'two_launch'}-{'vec' if v else 'bsearch'}")
+            for f in (True, False) for v in (True, False)]
+
+
+def _counters_zero() -> bool:
+    from ladle.kernels.split_counters import split_counters
+    return int(split_counters("msa_indexer", torch.device("cpu"), 1).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("fused,vec,num_splits", [
+    (True, True, 4), (True, False, 4), (True, True, 1), (False, False, 4), (False, True, 1)])
+def test_variants_ragged_consecutive_calls(fused, vec, num_splits):
+    """Ragged prefill + decode + padding with small-integer data (exact fp32 scores, many ties: lower id wins), two
+    consecutive calls with fresh data into a poisoned output: each equals the reference slot for slot. A counter left
+    non-zero by call 1 would leave call 2's rows unwritten (poison), so this also proves the reset; the counter
+    buffer is checked to be all zero afterwards."""
+    b = build(SMALL_RAGGED, BS, max_blocks=8, pad_tokens=2, seed=11)
+    T, H, topk = b.num_tokens, 2, 4
+    g = torch.Generator().manual_seed(12 + num_splits)
+    for call in range(2):
+        q = torch.randint(-2, 3, (T, H, D), generator=g).float()
+        kc = torch.randint(-2, 3, (b.num_blocks, BS, D), generator=g).float()
+        out = torch.full((H, T, topk), 77 + call, dtype=torch.int32)
+        msa_indexer_triton(q, kc, b.block_table, b.positions, b.query_start_loc, topk, num_splits=num_splits,
+                           out=out, fused_topk=fused, vec_search=vec)
+        ref = msa_indexer_ref(q, kc, b.block_table, b.positions, b.query_start_loc, topk)
+        _check_layout(out, b.positions, topk, int(b.query_start_loc[-1]))
+        assert torch.equal(out, ref), f"call {call}"
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("fused,vec", VARIANTS)
+def test_variants_decode_random_and_tokens_equal_heads(fused, vec):
+    """Decode-shaped launches (one token per request, the fused default): random fp32 data compared as sets with
+    the reference over 7 requests at assorted depths (some with fewer blocks than top-k), then T == H == 2 with
+    random data compared slot for slot (catches a [T, H] / [H, T] mix-up), repeated to exercise the reset."""
+    g = torch.Generator().manual_seed(21)
+    b = build([(5, 1), (16, 1), (31, 1), (70, 1), (127, 1), (64, 1), (99, 1)], BS, max_blocks=8, seed=22)
+    T, H, topk = b.num_tokens, 1, 3
+    for _ in range(2):
+        q = torch.randn(T, H, D, generator=g)
+        kc = torch.randn(b.num_blocks, BS, D, generator=g)
+        out = msa_indexer_triton(q, kc, b.block_table, b.positions, b.query_start_loc, topk, num_splits=8,
+                                 fused_topk=fused, vec_search=vec)
+        assert as_sets(out) == as_sets(msa_indexer_ref(q, kc, b.block_table, b.positions, b.query_start_loc, topk))
+        _check_layout(out, b.positions, topk, T)
+    b2 = build([(90, 1), (77, 1)], BS, max_blocks=8, seed=23)
+    for _ in range(2):
+        q = torch.randint(-3, 4, (2, 2, D), generator=g).float()
+        kc = torch.randint(-3, 4, (b2.num_blocks, BS, D), generator=g).float()
+        args = (q, kc, b2.block_table, b2.positions, b2.query_start_loc, 3)
+        out = msa_indexer_triton(*args, num_splits=2, fused_topk=fused, vec_search=vec)
+        ref = msa_indexer_ref(*args)
+        assert torch.equal(out, ref)
+        assert not torch.equal(ref[0], ref[1]), "test data must give the two groups different selections"
+    assert _counters_zero()
+
+
+def test_default_variant_choice(monkeypatch):
+    """fused_topk=None: decode-shaped (T <= B) launches never launch `_index_topk_kernel`; others do; the module
+    flag FUSED_TOPK=False restores the two-launch path everywhere."""
+    import ladle.kernels.msa_indexer as mod
+    launched = []
+    real = mod._index_topk_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(mod, "_index_topk_kernel", Spy())
+    g = torch.Generator().manual_seed(31)
+    dec = build([(40, 1), (70, 1)], BS, max_blocks=8, seed=32)
+    pre = build([(0, 5)], BS, max_blocks=8, seed=33)
+    for bb, expect_two_launch in ((dec, False), (pre, True)):
+        q = torch.randn(bb.num_tokens, 1, D, generator=g)
+        kc = torch.randn(bb.num_blocks, BS, D, generator=g)
+        args = (q, kc, bb.block_table, bb.positions, bb.query_start_loc, 2)
+        launched.clear()
+        assert as_sets(msa_indexer_triton(*args)) == as_sets(msa_indexer_ref(*args))
+        assert bool(launched) == expect_two_launch
+    monkeypatch.setattr(mod, "FUSED_TOPK", False)
+    launched.clear()
+    q = torch.randn(dec.num_tokens, 1, D, generator=g)
+    kc = torch.randn(dec.num_blocks, BS, D, generator=g)
+    msa_indexer_triton(q, kc, dec.block_table, dec.positions, dec.query_start_loc, 2)
+    assert launched
+
+
+@pytest.mark.gpu
+def test_gpu_fused_decode_graph_replays():
+    """Decode-shaped launch (fused top-k by default) at real geometry, integer data (exact scores, ties by lower id):
+    eager equals the reference slot for slot and the two-launch path, and three CUDA-graph replays into a
+    re-poisoned output each equal eager (the counters reset on the device)."""
+    torch.manual_seed(9)
+    bs = 128
+    g = torch.Generator().manual_seed(9)
+    ctx = torch.randint(1, 17 * bs - 1, (24,), generator=g).tolist()
+    b = build([(c, 1) for c in ctx], bs, max_blocks=17, device="cuda")
+    q = torch.randint(-3, 4, (b.num_tokens, 1, 128), device="cuda").bfloat16()  # exact integer scores
+    kc = torch.randint(-3, 4, (b.num_blocks, bs, 128), device="cuda").bfloat16()
+    args = (q, kc, b.block_table, b.positions, b.query_start_loc, 16)
+    out = msa_indexer_triton(*args)
+    assert torch.equal(out.cpu(), msa_indexer_ref(*args).cpu())
+    assert torch.equal(out, msa_indexer_triton(*args, fused_topk=False))
+    static = torch.empty_like(out)
+    msa_indexer_triton(*args, out=static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        msa_indexer_triton(*args, out=static)
+    for poison in (99, -5, 7):
+        static.fill_(poison)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, out)

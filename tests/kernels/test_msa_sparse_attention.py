@@ -110,3 +110,121 @@ def test_gpu_real_geometry_and_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static, out)
+
+
+# ---- fused split merge (last split program merges) vs the two-launch merge ------------------------------------
+def _counters_zero() -> bool:
+    from ladle.kernels.split_counters import split_counters
+    return int(split_counters("msa_sparse_attention", torch.device("cpu"), 1).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("fused,vec,num_splits", [
+    (True, True, 4), (True, False, 2), (False, True, 2), (False, False, 4)])
+def test_split_variants_ragged_consecutive_calls(fused, vec, num_splits):
+    """Ragged prefill + chunk + decodes (some with fewer visible blocks than top-k, so some splits have no slot and
+    merge with weight 0) + a padding token; two consecutive calls with fresh random data into a NaN-poisoned
+    output, each vs the float64 reference. A counter left non-zero by one call would leave the next call's output
+    unmerged (NaN), so this also proves the reset; the counter buffer is all zero afterwards."""
+    b = build([(0, 12), (60, 3), (15, 1), (16, 1), (100, 1)], BS, max_blocks=8, pad_tokens=1, seed=41)
+    for call in range(2):
+        q, kc, vc = _inputs(b, 2, 4, seed=42 + call)
+        sel = _selection(b, 2, topk=4, seed=42 + call)
+        out = torch.full_like(q, float("nan"))
+        msa_sparse_attention_triton(q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc,
+                                    num_splits=num_splits, out=out, fused_merge=fused, vec_search=vec)
+        ref = msa_sparse_attention_ref(q.double(), kc.double(), vc.double(), b.block_table, sel, b.positions,
+                                       b.query_start_loc)
+        assert rel_err(out, ref) < 1e-5, f"call {call}"
+        assert torch.equal(out[-1], torch.zeros_like(out[-1])), "padding token must give zeros"
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_split_variants_tokens_equal_kv_heads(fused):
+    """T == Hkv == 2 decode tokens, 4 splits over top-k 4 with random data and random selections that differ per
+    group; repeated twice (reset); vs the float64 reference."""
+    b = build([(70, 1), (90, 1)], BS, max_blocks=8, seed=51)
+    for call in range(2):
+        q, kc, vc = _inputs(b, 2, 2, seed=52 + call)
+        sel = _selection(b, 2, topk=4, seed=52 + call)
+        assert not torch.equal(sel[0], sel[1]), "groups must select differently"
+        out = torch.full_like(q, float("nan"))
+        msa_sparse_attention_triton(q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc, num_splits=4,
+                                    out=out, fused_merge=fused)
+        ref = msa_sparse_attention_ref(q.double(), kc.double(), vc.double(), b.block_table, sel, b.positions,
+                                       b.query_start_loc)
+        assert rel_err(out, ref) < 1e-5
+    assert _counters_zero()
+
+
+def test_default_is_fused_and_flag_restores_two_launch(monkeypatch):
+    """fused_merge=None follows FUSED_MERGE: True never launches `_merge_kernel`, False does."""
+    import ladle.kernels.msa_sparse_attention as mod
+    launched = []
+    real = mod._merge_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(mod, "_merge_kernel", Spy())
+    b = build([(40, 1), (33, 1)], BS, max_blocks=4, seed=61)
+    q, kc, vc = _inputs(b, 1, 4, seed=62)
+    sel = _selection(b, 1, topk=3, seed=62)
+    args = (q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc)
+    ref = msa_sparse_attention_ref(*[a.double() for a in args[:3]], *args[3:])
+    for flag in (True, False):
+        monkeypatch.setattr(mod, "FUSED_MERGE", flag)
+        launched.clear()
+        assert rel_err(msa_sparse_attention_triton(*args, num_splits=2), ref) < 1e-5
+        assert bool(launched) == (not flag)
+
+
+def test_merge_kernel_vs_reference():
+    """The two-launch `_merge_kernel` on random partials (one split per row with no keys: m = -inf, l = 0) vs the
+    float64 identity `merge_partials_ref`."""
+    from ladle.kernels.msa_sparse_attention_merge import _merge_kernel, merge_partials_ref
+    g = torch.Generator().manual_seed(71)
+    T, H, S = 3, 2, 4
+    pacc = torch.randn(T, H, S, D, generator=g)
+    pml = torch.stack([torch.randn(T, H, S, generator=g) * 4, torch.rand(T, H, S, generator=g) + 0.5], dim=-1)
+    pml[:, :, 1, 0] = float("-inf")
+    pml[:, :, 1, 1] = 0.0
+    pacc[:, :, 1] = 0.0
+    out = torch.empty(T, H, D)
+    _merge_kernel[(T, H)](pacc, pml, out, H, out.stride(0), out.stride(1), HEAD_DIM=D, NUM_SPLITS=S)
+    assert rel_err(out, merge_partials_ref(pacc, pml)) < 1e-6
+
+
+@pytest.mark.gpu
+def test_gpu_fused_merge_decode_graph_replays():
+    """Decode batch of 24 at real geometry with the default split count (> 1 on an H200) and the fused merge: vs the
+    reference, then three CUDA-graph replays into a NaN-poisoned output each equal eager (counters reset)."""
+    torch.manual_seed(6)
+    bs, d = 128, 128
+    g = torch.Generator().manual_seed(6)
+    ctx = torch.randint(1, 17 * bs - 1, (24,), generator=g).tolist()
+    b = build([(c, 1) for c in ctx], bs, max_blocks=17, device="cuda")
+    T = b.num_tokens
+    q = torch.randn(T, 16, d, device="cuda").bfloat16()
+    kc = torch.randn(b.num_blocks, bs, 1, d, device="cuda").bfloat16()
+    vc = torch.randn_like(kc)
+    qi = torch.randn(T, 1, d, device="cuda").bfloat16()
+    kic = torch.randn(b.num_blocks, bs, d, device="cuda").bfloat16()
+    sel = msa_indexer_ref(qi, kic, b.block_table, b.positions, b.query_start_loc, 16).cuda()
+    args = (q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc)
+    out = msa_sparse_attention_triton(*args, fused_merge=True)
+    ref = msa_sparse_attention_ref(*[a.double() if a.is_floating_point() else a for a in args[:3]], *args[3:])
+    assert rel_err(out, ref) < 2e-2
+    assert rel_err(msa_sparse_attention_triton(*args, fused_merge=False), ref) < 2e-2
+    static = torch.empty_like(out)
+    msa_sparse_attention_triton(*args, out=static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        msa_sparse_attention_triton(*args, out=static)
+    for _ in range(3):
+        static.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, out)
