@@ -197,18 +197,26 @@ def run_msa(batch, prefill, bw, fl):
     if not prefill and batch >= 32 and not QUICK:
         stage_breakdown(c, sels, outs, label, idx_bytes, attn_bytes, bw, fl)
     if not prefill and batch >= 32 and not QUICK:  # split-count sweep (shape constants only; reported, not auto-applied)
-        for ns, nw, st in [(ns, 4, st) for ns in (2, 4, 8, 16) for st in (1, 2)]:
+        ref_sets, ref_out = indexer_ref_sets(c, 0), attn_ref(c, 0, sels[0])
+        for ns, nw, st in [(ns, nw, st) for ns in (2, 4, 8, 16) for st in (1, 2) for nw in (4, 8)]:
             fns = [lambda i=i: msa_sparse_attention_triton(c["q"][i], c["kc"], c["vc"], c["tables"][i], sels[i],
                                                              c["positions"], c["qsl"], num_splits=ns, out=outs[i],
                                                              num_warps=nw, num_stages=st) for i in range(R)]
-            add_row("msa_sparse_attn", label + f" splits={ns} w{nw} s{st}", time_single_us(fns[0]),
-                    time_graph_us(fns), attn_bytes, 0, "-", "sweep", bw, fl)
-        for ns, nw, st in [(None, 4, 2), (8, 4, 2), (32, 4, 2)]:
+            t1, t2 = time_single_us(fns[0]), time_graph_us(fns)
+            outs[0].fill_(float("nan"))  # poison, then one more call: the row's error is this config's own output
+            fns[0]()
+            add_row("msa_sparse_attn", label + f" splits={ns} w{nw} s{st}", t1, t2, attn_bytes, 0,
+                    f"rel {rel_err(outs[0].float(), ref_out):.2e}", "sweep", bw, fl)
+        for ns, nw, st in [(ns, nw, st) for ns in (None, 8, 16, 32, 64) for st in (2, 3, 4) for nw in (4,)] + \
+                [(ns, 8, 3) for ns in (None, 16, 32)]:
             fns = [lambda i=i: msa_indexer_triton(c["qi"][i], c["kic"], c["tables"][i], c["positions"], c["qsl"],
                                                     TOPK, out=sels[i], num_splits=ns, num_warps=nw, num_stages=st)
                    for i in range(R)]
-            add_row("msa_indexer", label + f" splits={ns or 'dflt'} w{nw} s{st}", time_single_us(fns[0]),
-                    time_graph_us(fns), idx_bytes, 0, "-", "sweep", bw, fl)
+            t1, t2 = time_single_us(fns[0]), time_graph_us(fns)
+            sels[0].fill_(-7)
+            fns[0]()
+            add_row("msa_indexer", label + f" splits={ns or 'dflt'} w{nw} s{st}", t1, t2, idx_bytes, 0,
+                    f"set {set_match(sels[0], ref_sets):.4f}", "sweep", bw, fl)
     del c
     torch.cuda.empty_cache()
 
@@ -342,6 +350,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="m3_suite.json")
     ap.add_argument("--quick", action="store_true", help="skip config sweeps")
+    ap.add_argument("--only", choices=["msa", "moe"], default=None, help="run one family of kernels")
     args = ap.parse_args()
     global QUICK
     QUICK = args.quick
@@ -351,9 +360,11 @@ def main():
     bw = measure_copy_bandwidth()
     fl = measure_bf16_gemm_tflops()
     log(f"device {dev}: copy {bw:.0f} GB/s, bf16 GEMM {fl:.0f} TFLOP/s")
-    for b, pre in ((1, False), (32, False), (128, False), (1, True)):
+    for b, pre in ((1, False), (32, False), (128, False), (1, True)) if args.only != "moe" else ():
         guarded(run_msa, b, pre, bw, fl)
     log(f"msa done {time.time() - t0:.0f}s")
+    if args.only == "msa":
+        return finish(args, dev, bw, fl, t0)
     W = moe_weights()
     small = [MoETileConfig(16, 32, 64, 128, 4, 4), MoETileConfig(16, 64, 128, 128, 4, 4),
              MoETileConfig(16, 32, 128, 128, 4, 5), MoETileConfig(16, 32, 64, 128, 8, 4)]
@@ -362,6 +373,10 @@ def main():
     for M in (1, 32, 128):
         guarded(run_moe, M, W, bw, fl, [select_config(M)] + ([] if args.quick else [c for c in small if c != select_config(M)]))
     guarded(run_moe, 8192, W, bw, fl, [select_config(8192)] + ([] if args.quick else [c for c in large if c != select_config(8192)]))
+    finish(args, dev, bw, fl, t0)
+
+
+def finish(args, dev, bw, fl, t0):
     log(f"all done {time.time() - t0:.0f}s")
     with open(args.out, "w") as f:
         json.dump(dict(device=dev, copy_gbps=bw, bf16_tflops=fl, synthetic=True, rows=ROWS), f, indent=1)
