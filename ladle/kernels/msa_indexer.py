@@ -270,7 +270,7 @@ def msa_indexer_triton(
     out: Optional[torch.Tensor] = None,  # [Hkv, T, topk] int32, written in full
     scores: Optional[torch.Tensor] = None,  # scratch [Hkv, T, max_blocks] fp32
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: Optional[int] = None,  # None: 2 when decode-shaped (T <= B), else 3 (H200 sweep, see below)
     fused_topk: Optional[bool] = None,  # None: FUSED_TOPK and T <= B (decode-shaped); True: fused for any shape
     vec_search: Optional[bool] = None,  # None: B < VEC_SEARCH_MAX_REQS
 ) -> torch.Tensor:
@@ -310,6 +310,9 @@ def msa_indexer_triton(
     nb_p2 = triton.next_power_of_2(max_blocks)
     grid = (triton.cdiv(T, block_q) + B, num_splits)
     fused = (FUSED_TOPK and T <= B) if fused_topk is None else fused_topk
+    if num_stages is None:  # H200, gpu_m3_suite --only msa sweep (benchmarks/results/m3_suite/run5_msa_sweep.json):
+        # decode at 8K contexts ran 23.4 vs 26.8 us at B=32 and 71.2 vs 77.9 us at B=128 with 2 stages instead of 3
+        num_stages = 2 if T <= B else 3
     if vec_search is None:
         vec_search = B < VEC_SEARCH_MAX_REQS
     counters = split_counters(COUNTER_KEY, dev, grid[0]) if fused and num_splits > 1 else out  # else unused
