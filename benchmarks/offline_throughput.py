@@ -188,6 +188,9 @@ def bench_ladle(args, name: str, engine_kw: dict, prompts: dict, device: torch.d
         rows.append(rec)
         print(f"[{name}] B={b}: {rec['out_tok_s']:.1f} out tok/s" +
               (f", decode step {rec['step_ms']:.2f} ms" if "step_ms" in rec else ""), flush=True)
+    # the step timer holds llm.core (and with it the KV cache): drop both before freeing, or the next variant's
+    # memory profile counts this engine's cache as its own peak (seen on an H200: "no GPU memory left")
+    timer = None  # noqa: F841
     del llm
     _free(device)
     return rows, failures
