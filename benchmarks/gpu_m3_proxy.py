@@ -36,7 +36,11 @@ Measured, all in this one run:
   experts per layer x expert bytes + KV read (dense layers: the whole context; MSA layers: min(top-k, blocks) x 128
   tokens) + index-K read (whole context per MSA layer), over the copy bandwidth measured here. Activations and the
   KV writes are left out (< 0.1 %).
-The table is printed last; everything goes to --out as JSON.
+* per-kernel profile (--profile-batches, default 1 32 128): --profile-steps graph-replayed decode steps under
+  torch.profiler, kernel durations summed by name and by group (benchmarks/gpu_kernel_profile.py);
+* --no-fused-norms: the same run with the M3 norms and RoPE as torch ops (MiniMaxM3ForCausalLM.fuse_norms = False),
+  for an A/B against the fused kernels in one call.
+The table is printed last; everything goes to --out as JSON. Results: benchmarks/results/m3_proxy/ (NOTES.md).
 """
 
 from __future__ import annotations
