@@ -13,21 +13,29 @@ from collections import defaultdict
 
 import torch
 
-# (group, substrings): first match wins; names are lower-cased kernel symbols
+# ladle's own Triton kernels, by exact name (substrings collide: torch's `StoreWithCast` copies contain "store", the
+# dense decode's `_decode_merge_kernel` contains "_merge_kernel")
+LADLE_KERNELS = {
+    "fused_moe (ladle)": ("_gemm1_kernel", "_gemm2_kernel", "_moe_align_kernel", "_router_topk_kernel"),
+    "msa attention/indexer": ("_sparse_attn_kernel", "_merge_kernel", "_index_score_kernel", "_index_topk_kernel"),
+    "dense attention": ("_prefill_kernel", "_decode_split_kernel", "_decode_merge_kernel"),
+    "norm / rope": ("_rmsnorm_kernel", "_head_norm_rope_kernel", "_rope_kernel"),
+    "kv store": ("_store_kernel",),
+    "sampling": ("_race_kernel",),
+}
+# everything else by substring of the lower-cased symbol; first match wins
 GROUPS = [
-    ("fused_moe (ladle)", ("_gemm1_kernel", "_gemm2_kernel", "_fused_moe", "_moe_")),  # before the generic "gemm"
     ("gemm (cuBLAS/CUTLASS)", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "splitk")),
-    ("msa attention/indexer", ("_sparse_attn", "_merge_kernel", "_index_score", "_index_topk", "msa")),
-    ("dense attention", ("_attn", "attention", "_decode", "_prefill")),
-    ("norm / rope", ("rmsnorm", "head_norm_rope", "_rope")),
-    ("kv store", ("store",)),
-    ("sampling", ("sample", "race")),
     ("torch elementwise/reduce/copy", ("elementwise", "reduce", "copy", "cat", "index", "fill", "gather", "scatter",
-                                       "sort", "unique", "arange")),
+                                       "sort", "unique", "arange", "store")),
 ]
 
 
 def kernel_group(name: str) -> str:
+    """Group of a kernel symbol: ladle's kernels by exact name, then cuBLAS/CUTLASS and torch by substring."""
+    for group, names in LADLE_KERNELS.items():
+        if name in names:
+            return group
     low = name.lower()
     for group, keys in GROUPS:
         if any(k in low for k in keys):

@@ -2,12 +2,13 @@
 and 3 "proxy"). A script, not a test.
 
 H200 command (one `nvidia-h200` run, no carry: the config and tokenizer are written on the host, and every import
-is in its preinstalled python3; JSON and log land in $OUT; about 3-5 minutes, --time-budget-s 500 caps the stepping):
+is in its preinstalled python3; JSON and log land in $OUT; about 100 s on an H200, --time-budget-s 500 caps the stepping):
 
     export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 && set -o pipefail &&
     python3 benchmarks/gpu_m3_proxy.py --out $OUT/m3_proxy.json 2>&1 | tee $OUT/m3_proxy.log
 
-CPU smoke (tiny preset, 3 of 4 layers, no graphs; proves the code path): `.venv/bin/python benchmarks/gpu_m3_proxy.py
+CPU smoke (tiny preset, 3 of 4 layers, no graphs; runs the script end to end on the engine's CPU path, i.e. the torch
+reference ops: the Triton kernels, the fused norms and the profiler run on CUDA only; --smoke overrides --batches): `.venv/bin/python benchmarks/gpu_m3_proxy.py
 --smoke --out /tmp/m3_proxy_smoke.json`.
 
 The proxy: `make_checkpoint(dir, "tp4-rank", config_only=True)` (= `ladle make-checkpoint minimax-m3 --preset
@@ -409,7 +410,8 @@ def main(argv=None) -> int:
     assert cfg.num_hidden_layers == layers == len(model.layers), "the --hf-overrides did not apply"
     wb = weight_bytes(model)
     kv_elt = torch.empty(0, dtype=model.dtype).element_size()
-    res = dict(device=device, preset=args.preset, layers=layers, ctx=args.ctx, fused_norms=not args.no_fused_norms, copy_gbps=bw, gemm_tflops=tf,
+    res = dict(device=device, argv=sys.argv[1:], preset=args.preset, layers=layers, ctx=args.ctx,
+               fused_norms=not args.no_fused_norms, copy_gbps=bw, gemm_tflops=tf,
                memory_plan=plan, weights_gib=wb["total"] / GiB, kv_pool_gib=runner.kv_cache_bytes / GiB,
                kv_blocks=runner.num_blocks, graph_buckets=sorted(runner.graphs.graphs) if runner.graphs else [],
                hf_overrides=overrides, synthetic="dummy weights (uniform, seed 0); random prompt token ids; KV and "

@@ -54,15 +54,20 @@ class Indexer(nn.Module):
         self.q_norm = GemmaRMSNorm(di, cfg.rms_norm_eps, dtype, device)
         self.k_norm = GemmaRMSNorm(di, cfg.rms_norm_eps, dtype, device)
 
-    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """a [T, H] -> (index_q [T, ni, di], index_k [T, di]). fused: norm + RoPE in one kernel per tensor."""
+    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """a [T, H] -> (index_q [T, ni, di], index_k [T, di]) (reference path: torch norm and RoPE ops)."""
         t = a.shape[0]
         iq, ik = self.q_proj(a).view(t, self.ni, self.di), self.k_proj(a).view(t, 1, self.di)
-        if fused:
-            iq, ik = self.q_norm.forward_rope_fused(iq, cos, sin), self.k_norm.forward_rope_fused(ik, cos, sin)
-        else:
-            iq, ik = PartialNeoxRope.apply(self.q_norm(iq), cos, sin), PartialNeoxRope.apply(self.k_norm(ik), cos, sin)
+        iq, ik = PartialNeoxRope.apply(self.q_norm(iq), cos, sin), PartialNeoxRope.apply(self.k_norm(ik), cos, sin)
+        return iq, ik.view(t, self.di)
+
+    def norm_rope_fused(self, iq: torch.Tensor, ik: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kernel path, projections already done: iq [T, ni*di], ik [T, di] (column views of the fused q/k/v GEMM
+        output) -> (index_q [T, ni, di], index_k [T, di]), norm + RoPE in one kernel per tensor."""
+        t = iq.shape[0]
+        iq = self.q_norm.forward_rope_fused(iq.view(t, self.ni, self.di), cos, sin)
+        ik = self.k_norm.forward_rope_fused(ik.view(t, 1, self.di), cos, sin)
         return iq, ik.view(t, self.di)
 
 
@@ -80,23 +85,40 @@ class M3Attention(nn.Module):
         self.k_norm = GemmaRMSNorm(d, cfg.rms_norm_eps, dtype, device)
         self.indexer = Indexer(cfg, dtype, device) if sparse else None
         self.msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks) if sparse else None
+        # One [sum of widths, H] buffer holds q, k, v (and index q, index k) projection weights back to back; each
+        # Proj.weight is a Parameter aliasing its rows, so loading and dummy init (in-place copies into the named
+        # parameters) fill the buffer, the parameter bytes are unchanged, and the kernel path runs one GEMM instead
+        # of five. `qkv_weight` is a non-persistent buffer: never saved, never counted as a parameter.
+        projs = [self.q_proj, self.k_proj, self.v_proj]
+        if self.indexer is not None:
+            projs += [self.indexer.q_proj, self.indexer.k_proj]
+        self.qkv_widths = [p.weight.shape[0] for p in projs]
+        self.register_buffer("qkv_weight", torch.empty(sum(self.qkv_widths), h, dtype=dtype, device=device),
+                             persistent=False)
+        for proj, rows in zip(projs, self.qkv_weight.split(self.qkv_widths)):
+            proj.weight = nn.Parameter(rows, requires_grad=False)
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKVCache,
                 md: AttentionMetadata, backend: str = "torch",
                 fused: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """a [T, H] (input-normed) -> (out [T, H], selected_block_ids or None). backend "triton" runs the
-        ladle.kernels path (graph-safe), "torch" the per-request reference; fused: q/k (and index q/k) norm + RoPE
-        in one kernel per tensor instead of the torch composition."""
+        ladle.kernels path (graph-safe), "torch" the per-request reference; fused: one GEMM for the q/k/v (and
+        index q/k) projections, then norm + RoPE in one kernel per tensor, instead of the torch composition."""
         t = a.shape[0]
-        q, k = self.q_proj(a).view(t, self.nh, self.d), self.k_proj(a).view(t, self.nkv, self.d)
-        if fused:
-            q, k = self.q_norm.forward_rope_fused(q, cos, sin), self.k_norm.forward_rope_fused(k, cos, sin)
-        else:
-            q, k = PartialNeoxRope.apply(self.q_norm(q), cos, sin), PartialNeoxRope.apply(self.k_norm(k), cos, sin)
-        v = self.v_proj(a).view(t, self.nkv, self.d)
         iq = ik = None
-        if self.indexer is not None:
-            iq, ik = self.indexer(a, cos, sin, fused)
+        if fused:  # one GEMM for q, k, v (+ index q, k); the norm + RoPE kernels read the strided column views
+            parts = F.linear(a, self.qkv_weight).split(self.qkv_widths, dim=-1)
+            q = self.q_norm.forward_rope_fused(parts[0].view(t, self.nh, self.d), cos, sin)
+            k = self.k_norm.forward_rope_fused(parts[1].view(t, self.nkv, self.d), cos, sin)
+            v = parts[2].view(t, self.nkv, self.d)  # row-strided view: the KV store takes row strides
+            if self.indexer is not None:
+                iq, ik = self.indexer.norm_rope_fused(parts[3], parts[4], cos, sin)
+        else:
+            q, k = self.q_proj(a).view(t, self.nh, self.d), self.k_proj(a).view(t, self.nkv, self.d)
+            q, k = PartialNeoxRope.apply(self.q_norm(q), cos, sin), PartialNeoxRope.apply(self.k_norm(k), cos, sin)
+            v = self.v_proj(a).view(t, self.nkv, self.d)
+            if self.indexer is not None:
+                iq, ik = self.indexer(a, cos, sin)
         attend = paged_attention_triton if backend == "triton" else paged_attention
         out, selected = attend(q, k, v, cache, md, self.scale, iq, ik, self.msa)
         return self.o_proj(out.reshape(t, self.nh * self.d)), selected

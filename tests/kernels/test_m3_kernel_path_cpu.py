@@ -1,7 +1,8 @@
 """MiniMax-M3 (tiny preset, float32) on the kernel path (attn_backend "triton": fused residual + Gemma RMSNorm,
 fused per-head norm + RoPE, KV/index-K store, dense paged attention, MSA indexer, MSA sparse attention, router,
-fused MoE) run by the Triton CPU interpreter, against the torch reference path, through prefill, a chunk and decode
-steps that cross a block boundary."""
+fused MoE; one GEMM for the q/k/v and index q/k projections) run by the Triton CPU interpreter, against the torch
+reference path, through a prefill, a chunk that crosses a block boundary, and decode steps that cross another
+(tiny preset: 16-token blocks; positions 30-43 cross 32, decode 44-51 crosses 48)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,16 @@ def _sets(sel: torch.Tensor) -> torch.Tensor:
 def test_kernel_path_matches_torch_path_on_cpu(tmp_path):
     ckpt = make_checkpoint(str(tmp_path / "tiny"), "tiny")
     model = load_m3_dir(ckpt, torch.float32, "cpu")
-    ids = torch.randint(3, 500, (44,), generator=torch.Generator().manual_seed(5)).tolist()
+    ids = torch.randint(3, 500, (52,), generator=torch.Generator().manual_seed(5)).tolist()
     ref_drv, ker_drv = PagedDriver(model, 16), PagedDriver(model, 16, attn_backend="triton")
-    before = {op: _executed(op) for op in ("rmsnorm", "head_norm_rope", "msa_indexer", "fused_moe")}
+    ops = ("rmsnorm", "head_norm_rope", "kv_store", "index_k_store", "attn_prefill", "attn_decode", "msa_indexer",
+           "msa_sparse_attention", "moe_router", "fused_moe")
+    before = {op: _executed(op) for op in ops}
     outs = []
     for drv in (ref_drv, ker_drv):
         logits, extras = drv.step([("a", ids[:30])], record_selection=True)  # prefill
-        rows = [logits, drv.step([("a", ids[30:38])])[0]]  # a chunk on top of the cache
-        rows += [drv.step([("a", ids[t:t + 1])])[0] for t in range(38, 44)]  # decode steps
+        rows = [logits, drv.step([("a", ids[30:44])])[0]]  # a chunk on top of the cache
+        rows += [drv.step([("a", ids[t:t + 1])])[0] for t in range(44, 52)]  # decode steps
         outs.append((torch.cat(rows), extras["msa_selected_block_ids"]))
     (ref, ref_sel), (got, got_sel) = outs
     for op, n in before.items():
