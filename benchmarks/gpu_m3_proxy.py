@@ -17,7 +17,8 @@ tp4-rank --config-only DIR`: one TP4 rank's shapes, design/minimax_m3.md §5.2),
 layers: 3 dense + L-3 MSA/MoE). L = 28 by default: bf16 weights 91.5 GiB (model built on the meta device here and
 summed, printed each run) + a KV/index-K pool for 128 requests x 8320 tokens at 20736 B/token = 20.6 GiB, leaving
 13.8 GiB of the 0.9 x 139.8 GiB budget for activations, CUDA context and graphs (L = 29 is the largest that fits
-with a 6 GiB reserve; 30 does not). Only the decode batch sizes are captured as graph buckets (DEFAULT_BUCKETS is
+with a 6 GiB reserve; 30 does not). That is the plan used to pick L; the engine then profiles its real peak and gives
+the KV pool everything left under --gpu-mem-util (31.8 GiB on an H200 at L = 28). Only the decode batch sizes are captured as graph buckets (DEFAULT_BUCKETS is
 set to --batches before the engine starts); prefix caching is off.
 
 Measured, all in this one run:
