@@ -131,18 +131,26 @@ def bench_small_kernels(bw):
     del qkvs
 
 
-def bench_decode(shape_name, batch, ctx, bw):
+def decode_case(shape_name, batch, ctx, device="cuda"):
+    """Decode inputs rotated over r sets (r from `rotations`, so the sets exceed L2): random bf16 K/V caches, block
+    tables that are random permutations of the physical blocks [r, batch, blocks per seq], queries and outputs.
+    Returns (shape constants (hq, hkv, d, bs), bytes per call, r, blocks per seq, kc, vc, tables, qs, outs)."""
     hq, hkv, d, bs = SHAPES[shape_name]
     per_call = batch * ctx * hkv * d * 2 * 2
     r = rotations(per_call)
     nblk = -(-ctx // bs)
     total_blocks = r * batch * nblk + 1
-    kc = torch.empty(total_blocks, bs, hkv, d, dtype=BF16, device="cuda").normal_()
+    kc = torch.empty(total_blocks, bs, hkv, d, dtype=BF16, device=device).normal_()
     vc = torch.empty_like(kc).normal_()
-    perm = (torch.randperm(total_blocks - 1, device="cuda") + 1).to(torch.int32).view(r, batch, nblk)
-    mds = [make_md([1] * batch, [ctx] * batch, perm[i].contiguous(), bs) for i in range(r)]
-    qs = [torch.randn(batch, hq, d, dtype=BF16, device="cuda") for _ in range(r)]
+    tables = (torch.randperm(total_blocks - 1, device=device) + 1).to(torch.int32).view(r, batch, nblk)
+    qs = [torch.randn(batch, hq, d, dtype=BF16, device=device) for _ in range(r)]
     outs = [torch.empty_like(q) for q in qs]
+    return (hq, hkv, d, bs), per_call, r, nblk, kc, vc, tables, qs, outs
+
+
+def bench_decode(shape_name, batch, ctx, bw):
+    (hq, hkv, d, bs), per_call, r, nblk, kc, vc, perm, qs, outs = decode_case(shape_name, batch, ctx)
+    mds = [make_md([1] * batch, [ctx] * batch, perm[i].contiguous(), bs) for i in range(r)]
     scale = d**-0.5
     paged_attention(qs[0], kc, vc, mds[0], scale, out=outs[0])
     n = min(batch, 4)  # float32 reference on a few sequences
@@ -167,18 +175,9 @@ DECODE_CONFIGS = [  # (TILE_N, num_warps, num_stages, split multiplier vs the de
 def bench_decode_sweep(shape_name, batch, ctx, bw):
     """Tile / warps / stages / split-count variants of the decode kernel (graph-timed, rotated caches)."""
     from ladle.kernels.attention_decode import decode_attention
-    hq, hkv, d, bs = SHAPES[shape_name]
-    per_call = batch * ctx * hkv * d * 2 * 2
-    r = rotations(per_call)
-    nblk = -(-ctx // bs)
-    total_blocks = r * batch * nblk + 1
-    kc = torch.empty(total_blocks, bs, hkv, d, dtype=BF16, device="cuda").normal_()
-    vc = torch.empty_like(kc).normal_()
-    bts = (torch.randperm(total_blocks - 1, device="cuda") + 1).to(torch.int32).view(r, batch, nblk)
+    (hq, hkv, d, bs), per_call, r, nblk, kc, vc, bts, qs, outs = decode_case(shape_name, batch, ctx)
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     sl = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    qs = [torch.randn(batch, hq, d, dtype=BF16, device="cuda") for _ in range(r)]
-    outs = [torch.empty_like(q) for q in qs]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res = []
     for tile, warps, stages, mult in DECODE_CONFIGS:

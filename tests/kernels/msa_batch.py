@@ -48,3 +48,18 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def as_sets(sel: torch.Tensor) -> list:
     """[H, T, k] -> nested lists of frozensets of the valid ids, for set-based comparisons."""
     return [[frozenset(v for v in row if v >= 0) for row in h] for h in sel.cpu().tolist()]
+
+
+def spy_launches(monkeypatch, module, kernel_name: str) -> list:
+    """Replace the Triton kernel `module.<kernel_name>` with a wrapper that records each launch grid and launches the
+    real kernel. Returns the (live) list of grids."""
+    launched: list = []
+    real = getattr(module, kernel_name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(module, kernel_name, Spy())
+    return launched

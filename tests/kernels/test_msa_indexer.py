@@ -8,7 +8,7 @@ import torch
 
 from ladle.kernels.msa_indexer import msa_indexer, msa_indexer_ref, msa_indexer_triton
 from ladle.observe import dispatch
-from msa_batch import as_sets, build
+from msa_batch import as_sets, build, spy_launches
 
 BS, D = 16, 32
 # (context, new tokens): prefill from 0 over 3 blocks; decode deep in; chunk straddling blocks; decode at the
@@ -225,15 +225,7 @@ def test_default_variant_choice(monkeypatch):
     """fused_topk=None: decode-shaped (T <= B) launches never launch `_index_topk_kernel`; others do; the module
     flag FUSED_TOPK=False restores the two-launch path everywhere."""
     import ladle.kernels.msa_indexer as mod
-    launched = []
-    real = mod._index_topk_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(mod, "_index_topk_kernel", Spy())
+    launched = spy_launches(monkeypatch, mod, "_index_topk_kernel")
     g = torch.Generator().manual_seed(31)
     dec = build([(40, 1), (70, 1)], BS, max_blocks=8, seed=32)
     pre = build([(0, 5)], BS, max_blocks=8, seed=33)

@@ -11,7 +11,7 @@ import torch
 from ladle.kernels.msa_indexer import msa_indexer_ref
 from ladle.kernels.msa_sparse_attention import (msa_sparse_attention, msa_sparse_attention_ref,
                                                 msa_sparse_attention_triton)
-from msa_batch import build, rel_err
+from msa_batch import build, rel_err, spy_launches
 
 BS, D = 16, 32
 
@@ -84,22 +84,28 @@ def test_layout_trap_and_bf16():
     assert rel_err(out16, ref) < 2e-2
 
 
-@pytest.mark.gpu
-def test_gpu_real_geometry_and_graph():
-    """Block 128, head_dim 128, 16 heads per group, bf16: vs reference; CUDA graph equals eager."""
-    torch.manual_seed(5)
+def _real_geometry_case(reqs, topk: int):
+    """CUDA, one TP4 rank's geometry (block 128, head_dim 128, 16 q heads on 1 KV head, bf16) for `reqs` [(context,
+    new tokens)]: random caches, selections from the indexer reference. Returns (launch args, float64 reference)."""
     bs, d = 128, 128
-    b = build([(0, 200), (1500, 1), (2047, 1)], bs, max_blocks=17, device="cuda")
+    b = build(reqs, bs, max_blocks=17, device="cuda")
     T = b.num_tokens
     q = torch.randn(T, 16, d, device="cuda").bfloat16()
     kc = torch.randn(b.num_blocks, bs, 1, d, device="cuda").bfloat16()
     vc = torch.randn_like(kc)
     qi = torch.randn(T, 1, d, device="cuda").bfloat16()
     kic = torch.randn(b.num_blocks, bs, d, device="cuda").bfloat16()
-    sel = msa_indexer_ref(qi, kic, b.block_table, b.positions, b.query_start_loc, 4).cuda()
+    sel = msa_indexer_ref(qi, kic, b.block_table, b.positions, b.query_start_loc, topk).cuda()
     args = (q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc)
+    return args, msa_sparse_attention_ref(*[a.double() for a in args[:3]], *args[3:])
+
+
+@pytest.mark.gpu
+def test_gpu_real_geometry_and_graph():
+    """Block 128, head_dim 128, 16 heads per group, bf16: vs reference; CUDA graph equals eager."""
+    torch.manual_seed(5)
+    args, ref = _real_geometry_case([(0, 200), (1500, 1), (2047, 1)], topk=4)
     out = msa_sparse_attention_triton(*args)
-    ref = msa_sparse_attention_ref(*[a.double() if a.is_floating_point() else a for a in args[:3]], *args[3:])
     assert rel_err(out, ref) < 2e-2
     static = torch.empty_like(out)
     msa_sparse_attention_triton(*args, out=static)
@@ -160,15 +166,7 @@ def test_split_variants_tokens_equal_kv_heads(fused):
 def test_default_is_fused_and_flag_restores_two_launch(monkeypatch):
     """fused_merge=None follows FUSED_MERGE: True never launches `_merge_kernel`, False does."""
     import ladle.kernels.msa_sparse_attention as mod
-    launched = []
-    real = mod._merge_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(mod, "_merge_kernel", Spy())
+    launched = spy_launches(monkeypatch, mod, "_merge_kernel")
     b = build([(40, 1), (33, 1)], BS, max_blocks=4, seed=61)
     q, kc, vc = _inputs(b, 1, 4, seed=62)
     sel = _selection(b, 1, topk=3, seed=62)
@@ -202,20 +200,9 @@ def test_gpu_fused_merge_decode_graph_replays():
     """Decode batch of 24 at real geometry with the default split count (> 1 on an H200) and the fused merge: vs the
     reference, then three CUDA-graph replays into a NaN-poisoned output each equal eager (counters reset)."""
     torch.manual_seed(6)
-    bs, d = 128, 128
-    g = torch.Generator().manual_seed(6)
-    ctx = torch.randint(1, 17 * bs - 1, (24,), generator=g).tolist()
-    b = build([(c, 1) for c in ctx], bs, max_blocks=17, device="cuda")
-    T = b.num_tokens
-    q = torch.randn(T, 16, d, device="cuda").bfloat16()
-    kc = torch.randn(b.num_blocks, bs, 1, d, device="cuda").bfloat16()
-    vc = torch.randn_like(kc)
-    qi = torch.randn(T, 1, d, device="cuda").bfloat16()
-    kic = torch.randn(b.num_blocks, bs, d, device="cuda").bfloat16()
-    sel = msa_indexer_ref(qi, kic, b.block_table, b.positions, b.query_start_loc, 16).cuda()
-    args = (q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc)
+    ctx = torch.randint(1, 17 * 128 - 1, (24,), generator=torch.Generator().manual_seed(6)).tolist()
+    args, ref = _real_geometry_case([(c, 1) for c in ctx], topk=16)
     out = msa_sparse_attention_triton(*args, fused_merge=True)
-    ref = msa_sparse_attention_ref(*[a.double() if a.is_floating_point() else a for a in args[:3]], *args[3:])
     assert rel_err(out, ref) < 2e-2
     assert rel_err(msa_sparse_attention_triton(*args, fused_merge=False), ref) < 2e-2
     static = torch.empty_like(out)
