@@ -28,6 +28,13 @@ def swigluoai(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float, 
     return (u + beta) * (g * torch.sigmoid(g * alpha))
 
 
+def swigluoai_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, alpha: float, limit: float,
+                  beta: float = 1.0) -> torch.Tensor:
+    """One SwiGLU-OAI MLP: x [T, H], w13 [2I, H] = cat(gate, up) rows (gate first), w2 [H, I] -> [T, H]."""
+    gate, up = F.linear(x, w13).chunk(2, dim=-1)
+    return F.linear(swigluoai(gate, up, alpha, limit, beta), w2)
+
+
 class MoE(nn.Module):
     """Router + routed experts + one shared expert.
 
@@ -77,8 +84,7 @@ class MoE(nn.Module):
 
     # -- experts -------------------------------------------------------------------------------------
     def _expert(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, w13).chunk(2, dim=-1)
-        return F.linear(swigluoai(gate, up, **self.act), w2)
+        return swigluoai_mlp(x, w13, w2, **self.act)
 
     def _grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Σ_slots weights[t, s] · Expert_{ids[t, s]}(x[t]), accumulated in float32. ids index rows of w13/w2."""

@@ -25,6 +25,7 @@ from torch import nn
 from ladle.layers.attention.metadata import AttentionMetadata, LayerCacheSpec, LayerKVCache, get_forward_context
 from ladle.layers.attention.msa_attention import MSAParams, paged_attention, paged_attention_triton
 from ladle.layers.embedding import VocabEmbedding
+from ladle.layers.linear import MergedLinear
 from ladle.layers.moe import MoE
 from ladle.models.minimax_m3_config import M3Config, parse_m3_config
 from ladle.models.minimax_m3_layers import DenseMLP, GemmaRMSNorm, PartialNeoxRope
@@ -43,31 +44,22 @@ class Proj(nn.Module):
 
 
 class Indexer(nn.Module):
-    """MSA index branch: 4 (= kv heads) index-q heads, one shared index-k head; both normed and roped."""
+    """MSA index branch: 4 (= kv heads) index-q heads, one shared index-k head; both normed and roped. Its q/k
+    projections are shards "iq"/"ik" of the attention's `qkv_proj`."""
 
     def __init__(self, cfg: M3Config, dtype: torch.dtype, device):
         super().__init__()
-        h, ni, di = cfg.hidden_size, cfg.index_n_heads, cfg.index_head_dim
-        self.ni, self.di = ni, di
-        self.q_proj = Proj(h, ni * di, dtype, device)
-        self.k_proj = Proj(h, di, dtype, device)
-        self.q_norm = GemmaRMSNorm(di, cfg.rms_norm_eps, dtype, device)
-        self.k_norm = GemmaRMSNorm(di, cfg.rms_norm_eps, dtype, device)
+        self.ni, self.di = cfg.index_n_heads, cfg.index_head_dim
+        self.q_norm = GemmaRMSNorm(self.di, cfg.rms_norm_eps, dtype, device)
+        self.k_norm = GemmaRMSNorm(self.di, cfg.rms_norm_eps, dtype, device)
 
-    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """a [T, H] -> (index_q [T, ni, di], index_k [T, di]) (reference path: torch norm and RoPE ops)."""
-        t = a.shape[0]
-        iq, ik = self.q_proj(a).view(t, self.ni, self.di), self.k_proj(a).view(t, 1, self.di)
-        iq, ik = PartialNeoxRope.apply(self.q_norm(iq), cos, sin), PartialNeoxRope.apply(self.k_norm(ik), cos, sin)
-        return iq, ik.view(t, self.di)
-
-    def norm_rope_fused(self, iq: torch.Tensor, ik: torch.Tensor, cos: torch.Tensor,
-                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kernel path, projections already done: iq [T, ni*di], ik [T, di] (column views of the fused q/k/v GEMM
-        output) -> (index_q [T, ni, di], index_k [T, di]), norm + RoPE in one kernel per tensor."""
+    def forward(self, iq: torch.Tensor, ik: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected iq [T, ni*di], ik [T, di] (column views are fine) -> (index_q [T, ni, di], index_k [T, di]),
+        normed and roped (fused: one kernel per tensor)."""
         t = iq.shape[0]
-        iq = self.q_norm.forward_rope_fused(iq.view(t, self.ni, self.di), cos, sin)
-        ik = self.k_norm.forward_rope_fused(ik.view(t, 1, self.di), cos, sin)
+        iq = self.q_norm.norm_rope(iq.view(t, self.ni, self.di), cos, sin, fused)
+        ik = self.k_norm.norm_rope(ik.view(t, 1, self.di), cos, sin, fused)
         return iq, ik.view(t, self.di)
 
 
@@ -77,48 +69,29 @@ class M3Attention(nn.Module):
         h, d = cfg.hidden_size, cfg.head_dim
         self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
         self.scale = d ** -0.5
-        self.q_proj = Proj(h, self.nh * d, dtype, device)
-        self.k_proj = Proj(h, self.nkv * d, dtype, device)
-        self.v_proj = Proj(h, self.nkv * d, dtype, device)
+        # q, k, v (and the indexer's q, k) read the same input: one GEMM (checkpoint pieces load into row shards)
+        shards = {"q": self.nh * d, "k": self.nkv * d, "v": self.nkv * d}
+        if sparse:
+            shards.update(iq=cfg.index_n_heads * cfg.index_head_dim, ik=cfg.index_head_dim)
+        self.qkv_proj = MergedLinear(h, shards, bias=False, dtype=dtype, device=device)
         self.o_proj = Proj(self.nh * d, h, dtype, device)
         self.q_norm = GemmaRMSNorm(d, cfg.rms_norm_eps, dtype, device)
         self.k_norm = GemmaRMSNorm(d, cfg.rms_norm_eps, dtype, device)
         self.indexer = Indexer(cfg, dtype, device) if sparse else None
         self.msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks) if sparse else None
-        # One [sum of widths, H] buffer holds q, k, v (and index q, index k) projection weights back to back; each
-        # Proj.weight is a Parameter aliasing its rows, so loading and dummy init (in-place copies into the named
-        # parameters) fill the buffer, the parameter bytes are unchanged, and the kernel path runs one GEMM instead
-        # of five. `qkv_weight` is a non-persistent buffer: never saved, never counted as a parameter.
-        projs = [self.q_proj, self.k_proj, self.v_proj]
-        if self.indexer is not None:
-            projs += [self.indexer.q_proj, self.indexer.k_proj]
-        self.qkv_widths = [p.weight.shape[0] for p in projs]
-        self.register_buffer("qkv_weight", torch.empty(sum(self.qkv_widths), h, dtype=dtype, device=device),
-                             persistent=False)
-        for proj, rows in zip(projs, self.qkv_weight.split(self.qkv_widths)):
-            proj.weight = nn.Parameter(rows, requires_grad=False)
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKVCache,
                 md: AttentionMetadata, backend: str = "torch",
                 fused: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """a [T, H] (input-normed) -> (out [T, H], selected_block_ids or None). backend "triton" runs the
-        ladle.kernels path (graph-safe), "torch" the per-request reference; fused: one GEMM for the q/k/v (and
-        index q/k) projections, then norm + RoPE in one kernel per tensor, instead of the torch composition."""
+        ladle.kernels path (graph-safe), "torch" the per-request reference; fused: per-head norm + RoPE in one
+        kernel per tensor instead of the torch composition."""
         t = a.shape[0]
-        iq = ik = None
-        if fused:  # one GEMM for q, k, v (+ index q, k); the norm + RoPE kernels read the strided column views
-            parts = F.linear(a, self.qkv_weight).split(self.qkv_widths, dim=-1)
-            q = self.q_norm.forward_rope_fused(parts[0].view(t, self.nh, self.d), cos, sin)
-            k = self.k_norm.forward_rope_fused(parts[1].view(t, self.nkv, self.d), cos, sin)
-            v = parts[2].view(t, self.nkv, self.d)  # row-strided view: the KV store takes row strides
-            if self.indexer is not None:
-                iq, ik = self.indexer.norm_rope_fused(parts[3], parts[4], cos, sin)
-        else:
-            q, k = self.q_proj(a).view(t, self.nh, self.d), self.k_proj(a).view(t, self.nkv, self.d)
-            q, k = PartialNeoxRope.apply(self.q_norm(q), cos, sin), PartialNeoxRope.apply(self.k_norm(k), cos, sin)
-            v = self.v_proj(a).view(t, self.nkv, self.d)
-            if self.indexer is not None:
-                iq, ik = self.indexer(a, cos, sin)
+        parts = self.qkv_proj.output_slices(self.qkv_proj(a))  # column views of one GEMM output
+        q = self.q_norm.norm_rope(parts[0].view(t, self.nh, self.d), cos, sin, fused)
+        k = self.k_norm.norm_rope(parts[1].view(t, self.nkv, self.d), cos, sin, fused)
+        v = parts[2].view(t, self.nkv, self.d)  # row-strided view: the KV stores take row strides
+        iq, ik = self.indexer(parts[3], parts[4], cos, sin, fused) if self.indexer is not None else (None, None)
         attend = paged_attention_triton if backend == "triton" else paged_attention
         out, selected = attend(q, k, v, cache, md, self.scale, iq, ik, self.msa)
         return self.o_proj(out.reshape(t, self.nh * self.d)), selected

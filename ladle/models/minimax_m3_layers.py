@@ -7,12 +7,9 @@ They differ from the generic ladle/layers versions in semantics, so they live he
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ladle.kernels.head_norm_rope import head_norm_rope
-from ladle.kernels.rmsnorm import rms_norm
-from ladle.layers.moe import swigluoai
+from ladle.layers.moe import swigluoai_mlp
 from ladle.layers.rotary import compute_inv_freq
 
 
@@ -41,11 +38,17 @@ class GemmaRMSNorm(nn.Module):
         """Kernel path (ladle.kernels.rmsnorm, one launch): x [T, dim] -> y, or with residual [T, dim] -> (y, x +
         residual) where y = norm(x + residual); the add rounds to x.dtype first, exactly as `h = h + attn` then
         `forward(h)` does, and the (1 + w) scale is applied in float32 with one cast, as in `forward`."""
+        from ladle.kernels.rmsnorm import rms_norm  # lazy: the torch path needs no Triton
+
         return rms_norm(x, self.weight, self.eps, residual=residual, weight_offset=1.0)
 
-    def forward_rope_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Kernel path for the per-head q/k norms: `PartialNeoxRope.apply(self(x), cos, sin)` in one launch
-        (ladle.kernels.head_norm_rope, same rounding points). x [T, heads, dim], cos/sin [T, r] in x.dtype."""
+    def norm_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool) -> torch.Tensor:
+        """Per-head norm then partial RoPE: x [T, heads, dim] (row-strided views are fine), cos/sin [T, r] in
+        x.dtype. fused: one kernel (ladle.kernels.head_norm_rope, same rounding points); else the torch ops."""
+        if not fused:
+            return PartialNeoxRope.apply(self(x), cos, sin)
+        from ladle.kernels.head_norm_rope import head_norm_rope  # lazy: the torch path needs no Triton
+
         return head_norm_rope(x, self.weight, self.eps, cos, sin)
 
 
@@ -89,5 +92,4 @@ class DenseMLP(nn.Module):
         self.down_proj = _param(hidden, inter, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
-        return F.linear(swigluoai(gate, up, **self.act), self.down_proj)
+        return swigluoai_mlp(x, self.gate_up_proj, self.down_proj, **self.act)

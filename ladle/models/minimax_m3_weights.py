@@ -91,6 +91,15 @@ class M3WeightLoader:
         sl = {"gate_up": slice(0, 2 * si), "gate": slice(0, si), "up": slice(si, 2 * si)}[which]
         return f"{layer}.mlp.shared_w13", lambda p: p[sl]
 
+    def _qkv_rows(self, layer_idx: str, shard: str) -> tuple[str, str, Slicer]:
+        """Rows of layer `layer_idx`'s merged q/k/v(/iq/ik) projection that hold checkpoint piece `shard`."""
+        pname = f"layers.{layer_idx}.self_attn.qkv_proj.weight"
+        offsets = self.model.layers[int(layer_idx)].self_attn.qkv_proj.shard_offsets if pname in self.params else {}
+        if shard not in offsets:
+            raise ValueError(f"layer {layer_idx} has no {shard!r} projection (is the layer sparse?)")
+        lo, n = offsets[shard]
+        return pname, shard, lambda p: p[lo:lo + n]
+
     def resolve(self, name: str) -> tuple[str, str, Slicer] | None:
         """Checkpoint name -> (param name, piece key, slicer) or None (skipped). Raises ValueError if unknown."""
         if name.startswith(SKIP_PREFIXES):
@@ -117,10 +126,14 @@ class M3WeightLoader:
         }
         if rest in simple:
             return f"{layer}.{simple[rest]}", "all", whole
-        if re.fullmatch(r"self_attn\.(q|k|v|o)_proj\.weight|self_attn\.(q|k)_norm\.weight", rest):
+        if re.fullmatch(r"self_attn\.o_proj\.weight|self_attn\.(q|k)_norm\.weight", rest):
             return f"{layer}.{rest}", "all", whole
-        if mm := re.fullmatch(r"self_attn\.(?:index_|indexer\.)(q|k)_(proj|norm)\.weight", rest):
-            return f"{layer}.self_attn.indexer.{mm.group(1)}_{mm.group(2)}.weight", "all", whole
+        if mm := re.fullmatch(r"self_attn\.(q|k|v)_proj\.weight", rest):
+            return self._qkv_rows(m.group(1), mm.group(1))
+        if mm := re.fullmatch(r"self_attn\.(?:index_|indexer\.)(q|k)_proj\.weight", rest):
+            return self._qkv_rows(m.group(1), "i" + mm.group(1))
+        if mm := re.fullmatch(r"self_attn\.(?:index_|indexer\.)(q|k)_norm\.weight", rest):
+            return f"{layer}.self_attn.indexer.{mm.group(1)}_norm.weight", "all", whole
         if mm := re.fullmatch(r"block_sparse_moe\.experts\.(\d+)\.w([123])\.weight", rest):
             e = int(mm.group(1))
             if e >= self.cfg.num_local_experts:
@@ -181,8 +194,6 @@ class M3WeightLoader:
         if self.pending_fp8 or self.pending_scale:
             orphans = sorted(self.pending_fp8)[:3] + sorted(self.pending_scale)[:3]
             raise ValueError(f"FP8 weights without scales (or scales without weights), e.g. {orphans}")
-        if self.model.lm_head is None:
-            self.written.setdefault("embed_tokens.weight", 0)
         return {p for p, n in self.written.items() if n == self.params[p].numel()}
 
 
