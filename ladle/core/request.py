@@ -93,10 +93,6 @@ class Request:
         return self.sampling_params.max_tokens  # type: ignore[return-value]
 
     @property
-    def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
-
-    @property
     def wants_prompt_logprobs(self) -> bool:
         return self.sampling_params.prompt_logprobs is not None
 

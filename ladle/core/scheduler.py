@@ -158,6 +158,8 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
         kv = self.kv_cache_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if kv.num_free_blocks == 0:  # hits are whole blocks and >= 1 token is computed: a new block is needed,
+                break  # so skip the prefix lookup that would fail anyway (it compares every hit block's tokens)
             request = self.waiting[0]
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit, budget)

@@ -36,15 +36,27 @@ _IDLE_WAIT_S = 0.05
 
 class _Stream:
     """The loop-side end of one request: outputs (or an exception) are put on `queue` from the engine
-    thread through `loop.call_soon_threadsafe`."""
+    thread through `loop.call_soon_threadsafe` (`_put_all`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
 
-    def put(self, item: Any) -> None:
+
+def _deliver(pairs: list[tuple[_Stream, Any]]) -> None:
+    for stream, item in pairs:
+        stream.queue.put_nowait(item)
+
+
+def _put_all(pairs: list[tuple[_Stream, Any]]) -> None:
+    """From the engine thread: hand each (stream, item) to its loop with one wake-up per loop, not one per request
+    (each `call_soon_threadsafe` writes the loop's self-pipe: ~6 us of engine-thread time per call)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for stream, item in pairs:
+        by_loop.setdefault(stream.loop, []).append((stream, item))
+    for loop, batch in by_loop.items():
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            loop.call_soon_threadsafe(_deliver, batch)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
@@ -207,10 +219,10 @@ class AsyncEngine(EngineClient):
                 if co.finish_reason:
                     self._success[co.finish_reason] = self._success.get(co.finish_reason, 0) + 1
         self._publish_stats()  # before clients see the outputs
-        for ro in processed.request_outputs:
-            stream = self._streams.get(ro.request_id)
-            if stream is not None:
-                stream.put(ro)
+        self._put_outputs(processed.request_outputs)
+
+    def _put_outputs(self, request_outputs: list) -> None:
+        _put_all([(self._streams[ro.request_id], ro) for ro in request_outputs if ro.request_id in self._streams])
 
     def _abort_everything(self, message: str, reason: str) -> None:
         for parent_id in self._processor.parent_ids:
@@ -218,15 +230,10 @@ class AsyncEngine(EngineClient):
         self._dispatch_fail(message, reason)  # anything the scheduler no longer knew
 
     def _dispatch_fail(self, message: str, reason: str) -> None:
-        processed = self._processor.fail_all(message, reason)
-        for ro in processed.request_outputs:
-            stream = self._streams.get(ro.request_id)
-            if stream is not None:
-                stream.put(ro)
+        self._put_outputs(self._processor.fail_all(message, reason).request_outputs)
 
     def _fail_streams(self, exc: BaseException) -> None:
-        for stream in list(self._streams.values()):
-            stream.put(exc)
+        _put_all([(stream, exc) for stream in list(self._streams.values())])
 
     def _publish_stats(self) -> None:
         s = self.core.get_stats()

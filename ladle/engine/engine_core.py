@@ -56,7 +56,6 @@ class EngineCore:
         self.eos_token_ids = tuple(eos_token_ids)
         self._not_scheduled: dict[str, Request] = {}  # added, not scheduled yet
         self._queue_times: dict[str, float] = {}  # scheduled, queue time not read yet
-        self.num_failed_steps = 0
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -122,7 +121,6 @@ class EngineCore:
         try:
             runner_output = self.runner.execute(scheduler_output)
         except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
-            self.num_failed_steps += 1
             ids = [c.request_id for c in scheduler_output.chunks]
             logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
             # the runner drops their state itself: fail_requests reports them in the next finished_request_ids

@@ -217,7 +217,8 @@ class ModelRunner:
 
     def _prepare_inputs(self, chunks: list[ScheduledChunk]) -> BatchInputs:
         rows = [self._table_row(self.requests[c.request_id], c.block_ids) for c in chunks]
-        return build_batch_inputs(chunks, self.block_size, self.device, self._block_table_cpu[rows])
+        width = max(len(c.block_ids) for c in chunks)  # gather only the used columns, not max_model_len's worth
+        return build_batch_inputs(chunks, self.block_size, self.device, self._block_table_cpu[rows, :width])
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
@@ -313,9 +314,3 @@ class ModelRunner:
             targets = [state.token_at(c.start_position + r + 1) for r in range(count)]
             specs.append((c.request_id, first, count, targets, state.sampling_params.prompt_logprobs or 0))
         return specs
-
-    # ---- introspection -----------------------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> Optional[int]:
-        return getattr(self.model, "vocab_size", None)
