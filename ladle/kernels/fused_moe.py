@@ -52,11 +52,9 @@ class MoETileConfig:
     num_stages: int
 
 
-def select_config(num_tokens: int, device_type: str = "cuda") -> MoETileConfig:
-    """The local shape decides the tile (issue 6): decode sizes stream weights with the smallest MMA M tile and
-    narrow N tiles for enough CTAs; prefill sizes use larger M tiles for weight reuse."""
-    if num_tokens <= 16:
-        return MoETileConfig(16, 32, 64, 128, 4, 4)
+def select_config(num_tokens: int) -> MoETileConfig:
+    """The local shape decides the tile (issue 6): decode sizes (<= 256 tokens) stream weights with the smallest
+    MMA M tile and narrow N tiles for enough CTAs; prefill sizes use larger M tiles for weight reuse."""
     if num_tokens <= 256:
         return MoETileConfig(16, 32, 64, 128, 4, 4)
     return MoETileConfig(128, 128, 256, 64, 8, 3)  # best of the H200 sweep at M=8192 (gpu_m3_suite)
@@ -189,7 +187,7 @@ def fused_moe_triton(
     k = topk_ids.shape[1]
     if T == 0:
         return torch.empty_like(x)
-    cfg = config or select_config(T, x.device.type)
+    cfg = config or select_config(T)
     bm = cfg.block_m
     bn1 = min(cfg.block_n1, triton.next_power_of_2(I))
     bn2 = min(cfg.block_n2, triton.next_power_of_2(H))

@@ -106,10 +106,12 @@ def store_kvcache(
 
 def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write MSA index keys in place. index_k [T, index_head_dim]; index_key_cache [num_blocks, block_size,
-    index_head_dim] contiguous; slot_mapping [T], -1 = skip."""
+    index_head_dim] contiguous; slot_mapping [>= T] (the first T entries are used, as in `store_kvcache`), -1 = skip."""
     assert index_key_cache.dim() == 3 and index_key_cache.is_contiguous()
     assert index_k.dim() == 2 and index_k.shape[1] == index_key_cache.shape[2] and index_k.stride(1) == 1
-    assert slot_mapping.shape == (index_k.shape[0],) and index_k.dtype == index_key_cache.dtype
+    assert slot_mapping.dim() == 1 and slot_mapping.shape[0] >= index_k.shape[0], "slot_mapping must be [>= T]"
+    assert index_k.dtype == index_key_cache.dtype
+    slot_mapping = slot_mapping[: index_k.shape[0]]
     reason = triton_ok(index_k, index_key_cache, slot_mapping)
     if not decide_triton("index_k_store", index_k.shape[0], True, reason):
         store_index_kcache_ref(index_k, index_key_cache, slot_mapping)

@@ -121,7 +121,7 @@ def paged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
         return dense_paged_attention(q, cache.key_cache, cache.value_cache, md, scale), None
     assert msa.local_blocks == 1, "kernel indexer forces the own block only"
     assert md.block_size == msa.block_size == cache.key_cache.shape[1]
-    store_index_kcache(index_k.contiguous(), cache.index_key_cache, md.slot_mapping[: index_k.shape[0]])
+    store_index_kcache(index_k.contiguous(), cache.index_key_cache, md.slot_mapping)
     selected = msa_indexer(index_q.contiguous(), cache.index_key_cache, md.block_table, md.positions,
                            md.query_start_loc, msa.topk_blocks)
     out = msa_sparse_attention(q.contiguous(), cache.key_cache, cache.value_cache, md.block_table, selected,
