@@ -123,8 +123,8 @@ class SSEBuffer:
     def feed(self, data: bytes) -> list[str]:
         self._buf += data.replace(b"\r\n", b"\n")
         out: list[str] = []
-        while b"\n\n" in self._buf:
-            raw, self._buf = self._buf.split(b"\n\n", 1)
+        *messages, self._buf = self._buf.split(b"\n\n")  # one pass over the buffer, however many messages it holds
+        for raw in messages:
             lines = [ln[5:].lstrip() if ln.startswith("data:") else None for ln in raw.decode("utf-8").split("\n")]
             data = [ln for ln in lines if ln is not None]
             if data:

@@ -148,10 +148,10 @@ class PromptRun:
 
     def absorb(self, out: RequestOutput) -> None:
         """Fold one RequestOutput in (latest cumulative state per choice; timers)."""
-        num_new = 0
+        num_new = 0  # tokens per sequence this step: the n choices decode side by side, so ITL/TPOT are per sequence
         for c in out.outputs:
             self.choices[c.index] = c
-            num_new += len(c.token_ids_delta)
+            num_new = max(num_new, len(c.token_ids_delta))
         if out.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = out.prompt_logprobs
         self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)

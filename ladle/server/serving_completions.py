@@ -26,8 +26,10 @@ from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
 
-def _prompts(ctx: ServingContext, prompt: Union[str, list]) -> list[tuple[list[int], str]]:
-    """Normalise the four prompt forms to (token ids, text) pairs; 400 on empty or out-of-vocabulary ids."""
+def _prompts(ctx: ServingContext, prompt: Union[str, list], need_text: bool) -> list[tuple[list[int], str]]:
+    """Normalise the four prompt forms to (token ids, text) pairs; 400 on empty or out-of-vocabulary ids. Token-id
+    prompts are decoded only when `need_text` (echo): the text is read nowhere else, and decoding a long prompt
+    blocks the event loop."""
     if isinstance(prompt, str):
         items: list = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
@@ -42,7 +44,7 @@ def _prompts(ctx: ServingContext, prompt: Union[str, list]) -> list[tuple[list[i
             out.append((list(ctx.tokenizer.encode(item)), item))
         else:
             ctx.check_token_ids(item, "prompt")
-            out.append((list(item), ctx.tokenizer.decode(item)))
+            out.append((list(item), ctx.tokenizer.decode(item) if need_text else ""))
     return out
 
 
@@ -79,7 +81,7 @@ class CompletionHandler:
             raise OpenAIError("not supported yet: best_of different from n", 400, "best_of")
         zero = req.max_tokens == 0
         runs = []
-        for i, (ids, text) in enumerate(_prompts(ctx, req.prompt)):
+        for i, (ids, text) in enumerate(_prompts(ctx, req.prompt, need_text=bool(req.echo))):
             max_tokens = resolve_max_tokens(req.max_tokens, len(ids), ctx.max_model_len, DEFAULT_MAX_TOKENS)
             prompt_lp = req.logprobs if (req.echo and req.logprobs is not None) else None
             params = make_sampling_params(req, max(max_tokens, 1) if zero else max_tokens, req.logprobs, prompt_lp,
