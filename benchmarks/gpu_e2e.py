@@ -9,6 +9,7 @@ bench_e2e: ladle's offline `LLM.generate` (512 prompt tokens, 256 generated, ign
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -79,8 +80,8 @@ class _StepTimer:
     """Wraps runner._forward (CUDA events) and core.step (wall clock) to split decode steps into GPU forward
     time and everything else (scheduling, input preparation, sampling, the host copy)."""
 
-    def __init__(self, core, graphs):
-        self.core, self.runner, self.graphs = core, core.runner, graphs
+    def __init__(self, core):
+        self.core, self.runner = core, core.runner
         self.orig_forward, self.orig_step = self.runner._forward, core.step
         self.events, self.walls, self.decode = [], [], False
         self.runner._forward = self._forward
@@ -91,10 +92,7 @@ class _StepTimer:
         self.decode = md.max_query_len == 1
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        if self.graphs is not None and kv_caches is self.runner.kv_caches and self.graphs.can_run(md):
-            out = self.graphs.run(batch.input_ids, batch.positions, md)
-        else:
-            out = self.orig_forward(batch, kv_caches)
+        out = self.orig_forward(batch, kv_caches)  # the runner's own forward: its CUDA graphs unless enforce_eager
         end.record()
         self.events.append((start, end, self.decode))
         return out
@@ -124,21 +122,17 @@ def bench_e2e(model_dir, result):
     from ladle.engine.llm import LLM
 
     cfg = _config(model_dir)
-    llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=1024, max_num_seqs=128,
-              max_num_batched_tokens=8192, enable_prefix_caching=False, gpu_memory_utilization=0.6)
-    runner = llm.core.runner
-    graphs = CudaGraphRunner(runner.model, runner.kv_caches, max_batch_size=128,
-                             max_blocks_per_seq=-(-1024 // runner.block_size), block_size=runner.block_size,
-                             device=runner.device)
-    graphs.capture()
     params = SamplingParams(max_tokens=GEN, ignore_eos=True, temperature=0.0)
     g = torch.Generator().manual_seed(0)
     rows = result.setdefault("e2e", [])
-    llm.generate([[5] * 16], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))  # warm-up
-    for variant, use_graphs in (("ladle eager", False), ("ladle graphs", True)):
+    for variant, enforce_eager in (("ladle eager", True), ("ladle graphs", False)):  # one engine per variant
+        llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=1024,
+                  max_num_seqs=128, max_num_batched_tokens=8192, enable_prefix_caching=False,
+                  gpu_memory_utilization=0.4, enforce_eager=enforce_eager)
+        llm.generate([[5] * 16], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))  # warm-up
         for b in BATCHES:
             prompts = torch.randint(100, cfg["vocab_size"] - 100, (b, PROMPT), generator=g).tolist()
-            timer = _StepTimer(llm.core, graphs if use_graphs else None)
+            timer = _StepTimer(llm.core)
             try:
                 torch.cuda.synchronize()
                 t = time.perf_counter()
@@ -151,8 +145,9 @@ def bench_e2e(model_dir, result):
             rec = {"variant": variant, "batch": b, "wall_s": wall, "out_tok_s": ntok / wall, **timer.summary()}
             rows.append(rec)
             _print_e2e(result, rec)
-    del llm
-    torch.cuda.empty_cache()
+        timer = llm = None  # the timer holds the engine: drop both before the next variant profiles its memory
+        gc.collect()
+        torch.cuda.empty_cache()
     _bench_transformers(cfg, result)
 
 

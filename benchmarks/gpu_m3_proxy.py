@@ -79,7 +79,7 @@ class ProxyTimer(_StepTimer):
 
     def __init__(self, core, cuda: bool):
         self.cuda, self.rows, self.cur = cuda, [], None
-        super().__init__(core, None)  # the runner's own _forward replays its graphs
+        super().__init__(core)  # the runner's own _forward replays its graphs
         model, runner = core.runner.model, core.runner
         self.orig_logits, self.orig_sample = model.compute_logits, runner._sample
 

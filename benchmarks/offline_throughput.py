@@ -138,7 +138,7 @@ def _step_timer(core, device: torch.device):
     from gpu_e2e import _StepTimer
 
     if device.type == "cuda":
-        return _StepTimer(core, None)  # graphs=None: the runner's own _forward (with its CUDA graphs) runs
+        return _StepTimer(core)  # the runner's own _forward (with its CUDA graphs) runs
 
     class _WallStepTimer(_StepTimer):
         def _forward(self, batch, kv_caches):
@@ -149,7 +149,7 @@ def _step_timer(core, device: torch.device):
             wall = [w * 1e3 for w, d in self.walls if d]
             return {"decode_steps": len(wall), "step_ms": sum(wall) / len(wall)} if wall else {}
 
-    return _WallStepTimer(core, None)
+    return _WallStepTimer(core)
 
 
 def bench_ladle(args, name: str, engine_kw: dict, prompts: dict, device: torch.device) -> tuple[list, list]:
