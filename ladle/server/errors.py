@@ -6,7 +6,6 @@ FastAPI's 422 for request validation is replaced by 400 with this body.
 
 from __future__ import annotations
 
-import json
 import logging
 from http import HTTPStatus
 from typing import Optional
@@ -50,11 +49,6 @@ def error_body(message: str, status: int, param: Optional[str] = None, err_type:
 
 def error_response(message: str, status: int, param: Optional[str] = None) -> JSONResponse:
     return JSONResponse(error_body(message, status, param), status_code=status)
-
-
-def sse_error(message: str, status: int) -> str:
-    """An error event inside an SSE stream (after the 200 status is already sent)."""
-    return f"data: {json.dumps(error_body(message, status))}\n\n"
 
 
 def to_openai_error(exc: BaseException) -> OpenAIError:

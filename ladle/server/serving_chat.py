@@ -15,16 +15,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ladle.core.outputs import TokenLogprobs
 from ladle.engine.tokenizer import apply_chat_template
-from ladle.server.errors import OpenAIError, sse_error, to_openai_error
+from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
 from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
                                    ChatCompletionResponseChoice, ChatCompletionStreamChoice,
                                    ChatCompletionStreamResponse, ChatLogprobToken, ChatResponseMessage, DeltaMessage,
                                    TopLogprob, random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob, close_runs, collect_runs, engine_failure, include_usage,
+                                         clamp_logprob, collect_runs, include_usage,
                                          make_sampling_params, make_usage, merge_runs, resolve_max_tokens, sse,
-                                         stop_reason_or_none, stream_runs)
+                                         sse_body, stop_reason_or_none, stream_runs)
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
@@ -162,15 +162,17 @@ class ChatHandler:
         def chunk(choice: ChatCompletionStreamChoice) -> str:
             return sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[choice])))
 
-        try:
+        def usage_chunk() -> Optional[str]:
+            if not include_usage(req):
+                return None
+            return sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
+                                                               usage=make_usage([run]))))
+
+        async def chunks() -> AsyncIterator[str]:
             for i in range(req.n):
                 yield chunk(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
             async for _run, out in merge_runs([run]):
                 for c in out.outputs:
-                    if (failure := engine_failure(c)) is not None:
-                        yield sse_error(failure, 500)
-                        yield SSE_DONE
-                        return
                     logprobs = None
                     if req.logprobs:
                         logprobs = ChatChoiceLogprobs(content=_chat_logprobs(ctx, c.token_ids_delta, c.logprobs_delta,
@@ -181,13 +183,6 @@ class ChatHandler:
                         index=c.index, delta=DeltaMessage(content=c.text_delta), logprobs=logprobs,
                         finish_reason=c.finish_reason,
                         stop_reason=stop_reason_or_none(c.stop_reason)))
-            if include_usage(req):
-                yield sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
-                                                                  usage=make_usage([run]))))
-            yield SSE_DONE
-        except Exception as e:
-            err = to_openai_error(e)
-            yield sse_error(err.message, err.status)
-            yield SSE_DONE
-        finally:
-            await close_runs(ctx, [run])
+
+        async for text in sse_body(ctx, [run], chunks(), usage_chunk):
+            yield text

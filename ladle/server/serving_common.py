@@ -24,7 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
-from ladle.server.errors import OpenAIError, to_openai_error
+from ladle.server.errors import OpenAIError, error_body, to_openai_error
 from ladle.server.metrics import RequestTimer, ServerMetrics
 from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
 
@@ -205,17 +205,25 @@ async def start_runs(ctx: ServingContext, raw: Optional[Request], runs: list[Pro
     await race_disconnect(raw, asyncio.gather(*(first(r) for r in runs)))
 
 
+def _absorb(run: PromptRun, out: RequestOutput) -> None:
+    run.absorb(out)
+    for c in out.outputs:
+        if (failure := engine_failure(c)) is not None:
+            raise OpenAIError(failure, 500)
+
+
 async def merge_runs(runs: list[PromptRun]) -> AsyncIterator[tuple[PromptRun, RequestOutput]]:
-    """Yield (run, output) from every run until all finish; the first outputs come first."""
+    """Yield (run, output) from every run until all finish; the first outputs come first. Raises OpenAIError
+    (500) at the first choice the engine failed (finish_reason "error"), for streaming and non-streaming alike."""
     for run in runs:
         assert run.first is not None
-        run.absorb(run.first)
+        _absorb(run, run.first)
         yield run, run.first
     pending = [r for r in runs if not r.finished]
     if len(pending) == 1:  # the common case: no tasks needed
         run = pending[0]
         async for out in run.agen:  # type: ignore[union-attr]
-            run.absorb(out)
+            _absorb(run, out)
             yield run, out
         return
     queue: asyncio.Queue = asyncio.Queue()
@@ -239,7 +247,7 @@ async def merge_runs(runs: list[PromptRun]) -> AsyncIterator[tuple[PromptRun, Re
             if out is None:
                 live -= 1
                 continue
-            run.absorb(out)
+            _absorb(run, out)
             yield run, out
     finally:
         for t in tasks:
@@ -276,10 +284,8 @@ async def collect_runs(ctx: ServingContext, raw: Optional[Request], runs: list[P
     """Non-streaming: run to completion, aborting if the client disconnects."""
 
     async def drain() -> None:
-        async for _run, out in merge_runs(runs):
-            for c in out.outputs:
-                if (failure := engine_failure(c)) is not None:
-                    raise OpenAIError(failure, 500)
+        async for _ in merge_runs(runs):
+            pass
 
     try:
         await start_runs(ctx, raw, runs)
@@ -326,6 +332,25 @@ def sse(obj: dict) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+async def sse_body(ctx: ServingContext, runs: list[PromptRun], chunks: AsyncIterator[str],
+                   usage_chunk: Callable[[], Optional[str]]) -> AsyncIterator[str]:
+    """The SSE stream around an endpoint's `chunks`: those, then `usage_chunk()` (None: no usage chunk) and
+    [DONE]. An error after the 200 went out becomes an error event and [DONE]; the runs are closed in every case
+    (end, error, client gone)."""
+    try:
+        async for text in chunks:
+            yield text
+        if (usage := usage_chunk()) is not None:
+            yield usage
+        yield SSE_DONE
+    except Exception as e:
+        err = to_openai_error(e)
+        yield sse(error_body(err.message, err.status))
+        yield SSE_DONE
+    finally:
+        await close_runs(ctx, runs)
 
 
 def chunk_dict(chunk: Any) -> dict:

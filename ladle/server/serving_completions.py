@@ -13,15 +13,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ladle.core.outputs import TokenLogprobs
-from ladle.server.errors import OpenAIError, sse_error, to_openai_error
+from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
 from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, CompletionResponse,
                                    CompletionResponseChoice, CompletionStreamChoice, CompletionStreamResponse,
                                    random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob, close_runs, collect_runs, engine_failure, include_usage,
+                                         clamp_logprob, collect_runs, include_usage,
                                          make_sampling_params, make_usage, merge_runs, resolve_max_tokens, sse,
-                                         stop_reason_or_none, stream_runs)
+                                         sse_body, stop_reason_or_none, stream_runs)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -145,13 +145,16 @@ class CompletionHandler:
     async def _stream(self, req: CompletionRequest, runs: list[PromptRun]) -> AsyncIterator[str]:
         ctx, rid = self.ctx, random_id("cmpl")
         offsets: dict[int, int] = {}  # choice index -> text offset (logprobs)
-        try:
+
+        def usage_chunk() -> Optional[str]:
+            if not include_usage(req):
+                return None
+            return sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
+                                                           usage=make_usage(runs))))
+
+        async def chunks() -> AsyncIterator[str]:
             async for run, out in merge_runs(runs):
                 for c in out.outputs:
-                    if (failure := engine_failure(c)) is not None:
-                        yield sse_error(failure, 500)
-                        yield SSE_DONE
-                        return
                     index = run.index * req.n + c.index
                     text, logprobs = c.text_delta, None
                     first = index not in offsets
@@ -173,13 +176,6 @@ class CompletionHandler:
                                                     finish_reason=c.finish_reason,
                                                     stop_reason=stop_reason_or_none(c.stop_reason))
                     yield sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[choice])))
-            if include_usage(req):
-                yield sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
-                                                              usage=make_usage(runs))))
-            yield SSE_DONE
-        except Exception as e:  # after the 200 went out: an error event, then the end of the stream
-            err = to_openai_error(e)
-            yield sse_error(err.message, err.status)
-            yield SSE_DONE
-        finally:
-            await close_runs(ctx, runs)
+
+        async for text in sse_body(ctx, runs, chunks(), usage_chunk):
+            yield text
