@@ -24,3 +24,11 @@ def one_thread():
 def ckpt(tmp_path_factory) -> str:
     """Directory of the tiny MiniMax-M3 checkpoint (release layout, random weights), one per test module."""
     return make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny")
+
+
+@pytest.fixture(scope="module")
+def lm(ckpt):
+    """The tiny checkpoint loaded as a float32 CPU MiniMaxM3ForCausalLM (the torch reference path)."""
+    from ladle.models.minimax_m3_paged import load_m3_dir
+
+    return load_m3_dir(ckpt, torch.float32)

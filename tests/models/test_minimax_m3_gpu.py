@@ -7,19 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from m3_helpers import prompt, selection_sets
+
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
 
 pytestmark = pytest.mark.gpu
 BLOCK = 16
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def as_sets(sel: torch.Tensor) -> torch.Tensor:
-    sel = sel.long().cpu()
-    return torch.sort(torch.where(sel < 0, torch.full_like(sel, 1 << 30), sel), dim=-1).values
 
 
 @pytest.fixture
@@ -43,7 +36,7 @@ def test_kernel_path_matches_cpu_reference_fp32(ckpt, exact_dense_attention):
     cos = torch.nn.functional.cosine_similarity(got.cpu(), ref[:500], dim=-1)
     assert cos.min().item() >= 0.99999
     for i in (1, 2, 3):
-        assert torch.equal(as_sets(got_x["msa_selected_block_ids"][i]), as_sets(ref_x["msa_selected_block_ids"][i][:, :500]))
+        assert torch.equal(selection_sets(got_x["msa_selected_block_ids"][i]), selection_sets(ref_x["msa_selected_block_ids"][i][:, :500]))
     rest = [drv.step([("a", ids[t:t + 1])])[0] for t in range(500, 520)]  # decode across a block boundary
     rest.append(drv.prefill("a", ids[520:], chunk_size=37))  # chunked prefill, not a block multiple
     cos = torch.nn.functional.cosine_similarity(torch.cat(rest).cpu(), ref[500:], dim=-1)

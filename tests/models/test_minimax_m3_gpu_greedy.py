@@ -18,6 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from m3_helpers import selection_sets
+
 from ladle.models.checkpoint_m3 import make_checkpoint
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
 
@@ -80,11 +82,6 @@ def assert_top5_close(got: dict, got_top5: dict, ref: dict, ref_top5: dict) -> N
                 break
 
 
-def _sets(sel: torch.Tensor) -> torch.Tensor:
-    sel = sel.long().cpu()
-    return torch.sort(torch.where(sel < 0, torch.full_like(sel, 1 << 30), sel), dim=-1).values
-
-
 @pytest.fixture(scope="module")
 def reference(preset_ckpt):
     preset, ckpt = preset_ckpt
@@ -104,7 +101,7 @@ def test_fp32_kernel_path_greedy_matches_cpu_reference(preset_ckpt, reference):
     assert layers and layers == sorted(got_x["msa_selected_block_ids"])
     rows = same = 0
     for i in layers:
-        a, b = _sets(got_x["msa_selected_block_ids"][i]), _sets(ref_x["msa_selected_block_ids"][i])
+        a, b = selection_sets(got_x["msa_selected_block_ids"][i]), selection_sets(ref_x["msa_selected_block_ids"][i])
         assert a.shape == b.shape
         rows += a.shape[0] * a.shape[1]
         same += (a == b).all(-1).sum().item()

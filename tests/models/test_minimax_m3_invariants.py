@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from m3_helpers import prompt
+
 from ladle.layers.moe import MoE, swigluoai
-from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
+from ladle.models.minimax_m3_paged import PagedDriver
 from ladle.models.minimax_m3_weights import dequant_block_fp8, quantize_mxfp8
 
 BLOCK, TOPK = 16, 4
@@ -16,13 +18,6 @@ BLOCK, TOPK = 16, 4
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def lm(ckpt):
-    return load_m3_dir(ckpt, torch.float32)
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def full(lm, ids: list[int]) -> torch.Tensor:

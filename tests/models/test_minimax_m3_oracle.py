@@ -13,6 +13,8 @@ import os
 import pytest
 import torch
 
+from m3_helpers import prompt
+
 from ladle.models.checkpoint_m3 import make_checkpoint
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
 from ladle.layers.attention.msa import msa_block_scores
@@ -36,14 +38,6 @@ def hf(ckpt):
     return model
 
 
-@pytest.fixture(scope="module")
-def lm(ckpt):
-    return load_m3_dir(ckpt, torch.float32)
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 512, (n,), generator=g).tolist()
 
 
 @torch.no_grad()

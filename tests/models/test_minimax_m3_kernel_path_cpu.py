@@ -9,32 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladle.models.checkpoint_m3 import make_checkpoint
+from m3_helpers import selection_sets
+
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
 from ladle.observe import dispatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _executed(op: str) -> int:
     return sum(b["executed"] for b in dispatch.snapshot()["ops"].get(op, {}).get("buckets", {}).values())
 
 
-def _sets(sel: torch.Tensor) -> torch.Tensor:
-    sel = sel.long()
-    return torch.sort(torch.where(sel < 0, torch.full_like(sel, 1 << 30), sel), dim=-1).values
-
-
-def test_kernel_path_matches_torch_path_on_cpu(tmp_path):
-    ckpt = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+def test_kernel_path_matches_torch_path_on_cpu(ckpt):
     model = load_m3_dir(ckpt, torch.float32, "cpu")
     ids = torch.randint(3, 500, (52,), generator=torch.Generator().manual_seed(5)).tolist()
     ref_drv, ker_drv = PagedDriver(model, 16), PagedDriver(model, 16, attn_backend="triton")
@@ -55,4 +42,4 @@ def test_kernel_path_matches_torch_path_on_cpu(tmp_path):
     assert ((got - ref).norm() / ref.norm()).item() < 1e-4
     assert ref_sel.keys() == got_sel.keys() and ref_sel
     for i in ref_sel:
-        assert torch.equal(_sets(got_sel[i]), _sets(ref_sel[i])), f"layer {i}: selected blocks differ"
+        assert torch.equal(selection_sets(got_sel[i]), selection_sets(ref_sel[i])), f"layer {i}: selected blocks differ"
