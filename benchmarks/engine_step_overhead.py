@@ -161,7 +161,8 @@ def run_one(bundle, batch: int, params, args, seed: int, timed: bool):
     from ladle.engine.output_processor import OutputProcessor
 
     core = bundle.core
-    processor = OutputProcessor(bundle.tokenizer, core.queue_time)
+    # trees before 2026-11-30 passed the core's queue-time lookup; newer EngineOutputs carry queue_time themselves
+    processor = OutputProcessor(bundle.tokenizer, *([core.queue_time] if hasattr(core, "queue_time") else []))
     rng = random.Random(seed)
     vocab = 49152
     requests = []

@@ -108,6 +108,7 @@ class EngineOutput:
     finish_reason:   None while running; one of FINISH_* when finished.
     stop_reason:     the stop token id or stop string that finished it, if any.
     num_prompt_tokens, num_cached_tokens: for `usage` (cached = prefix-cache hit tokens).
+    queue_time:      seconds from arrival to first scheduling (None until the request was scheduled).
     """
 
     request_id: str
@@ -119,6 +120,7 @@ class EngineOutput:
     error: Optional[str] = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    queue_time: Optional[float] = None
 
     @property
     def finished(self) -> bool:

@@ -277,6 +277,8 @@ class Scheduler:
             stop_reason=request.stop_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=request.num_cached_tokens,
+            queue_time=(None if request.first_scheduled_time is None
+                        else request.first_scheduled_time - request.arrival_time),
         )
 
     # ---- finishing ---------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class AsyncEngine(EngineClient):
         self.model_name = bundle.model_name
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, _Stream] = {}  # parent id -> stream (loop side registers, thread reads)
-        self._processor = OutputProcessor(self.tokenizer, self.core.queue_time)
+        self._processor = OutputProcessor(self.tokenizer)
         self._success: dict[str, int] = {}
         self._stats = EngineStats()
         self._dead: Optional[str] = None

@@ -54,8 +54,6 @@ class EngineCore:
         self.runner = runner
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(eos_token_ids)
-        self._not_scheduled: dict[str, Request] = {}  # added, not scheduled yet
-        self._queue_times: dict[str, float] = {}  # scheduled, queue time not read yet
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -67,7 +65,6 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         """Queue one (child) request. Raises RequestRejected when it can never run."""
         self.scheduler.add_request(request)
-        self._not_scheduled[request.request_id] = request
 
     def add_requests(self, requests: list[Request]) -> None:
         """All or nothing: when one is rejected, the ones already queued are aborted and the error raised."""
@@ -82,32 +79,12 @@ class EngineCore:
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineOutput]:
         """Finish with reason "abort" and free blocks now; idempotent."""
-        ids = list(request_ids)
-        self._forget(ids)
-        return self.scheduler.finish_requests(ids, FINISH_ABORT)
+        return self.scheduler.finish_requests(list(request_ids), FINISH_ABORT)
 
     def finish_requests(self, request_ids: Iterable[str], finish_reason: str,
                         stop_reason: object = None) -> list[EngineOutput]:
         """Finish from outside a step (a stop string hit); idempotent."""
-        ids = list(request_ids)
-        self._forget(ids)
-        return self.scheduler.finish_requests(ids, finish_reason, stop_reason)
-
-    def _forget(self, ids: list[str]) -> None:
-        for rid in ids:
-            self._not_scheduled.pop(rid, None)
-            self._queue_times.pop(rid, None)
-
-    def queue_time(self, request_id: str) -> Optional[float]:
-        """Seconds from arrival to first scheduling; available from the step that first scheduled the
-        request until read (read once)."""
-        return self._queue_times.pop(request_id, None)
-
-    def _note_scheduled(self, new_request_ids: list[str]) -> None:
-        for rid in new_request_ids:
-            request = self._not_scheduled.pop(rid, None)
-            if request is not None and request.first_scheduled_time is not None:
-                self._queue_times[rid] = request.first_scheduled_time - request.arrival_time
+        return self.scheduler.finish_requests(list(request_ids), finish_reason, stop_reason)
 
     # ---- the step ----------------------------------------------------------------------------------
 
@@ -117,7 +94,6 @@ class EngineCore:
         if scheduler_output.is_empty and not (scheduler_output.finished_request_ids
                                               or scheduler_output.preempted_request_ids):
             return []
-        self._note_scheduled([n.request_id for n in scheduler_output.new_requests])
         try:
             runner_output = self.runner.execute(scheduler_output)
         except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on

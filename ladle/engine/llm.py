@@ -29,7 +29,7 @@ class LLM:
         self.core = self.bundle.core
         self.tokenizer = self.bundle.tokenizer
         self.engine_config = self.bundle.engine_config
-        self.processor = OutputProcessor(self.tokenizer, self.core.queue_time)
+        self.processor = OutputProcessor(self.tokenizer)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -9,7 +9,7 @@ Runs on the engine thread (or the LLM caller's thread); not thread-safe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ladle.core.outputs import FINISH_ERROR, FINISH_STOP, EngineOutput, TokenLogprobs
 from ladle.core.sampling_params import SamplingParams
@@ -71,11 +71,10 @@ def child_request_id(parent_id: str, index: int, n: int) -> str:
 
 
 class OutputProcessor:
-    """Args: tokenizer (None = token ids only, no text); queue_time_of(child_id) -> seconds or None."""
+    """Args: tokenizer (None = token ids only, no text)."""
 
-    def __init__(self, tokenizer: Any, queue_time_of: Optional[Callable[[str], Optional[float]]] = None) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.queue_time_of = queue_time_of
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
 
@@ -144,13 +143,12 @@ class OutputProcessor:
         return result
 
     def _apply(self, parent: _Parent, choice: _Choice, out: EngineOutput, result: ProcessedOutputs) -> CompletionOutput:
-        queue_time = self.queue_time_of(out.request_id) if self.queue_time_of is not None else None
         if choice.index == 0:
             parent.num_cached_tokens = out.num_cached_tokens
             if out.prompt_logprobs is not None:
                 parent.prompt_logprobs = out.prompt_logprobs
             if parent.queue_time is None:
-                parent.queue_time = queue_time
+                parent.queue_time = out.queue_time
         choice.token_ids.extend(out.new_token_ids)
         new_logprobs = None
         if choice.logprobs is not None:

@@ -46,6 +46,7 @@ def test_stream_matches_offline_and_finishes(model):
             tokens = [t for o in outs for t in o.outputs[0].token_ids_delta]
             assert tokens == outs[-1].outputs[0].token_ids and len(tokens) == 10
             assert outs[0].request_id.startswith("cmpl-")
+            assert outs[0].queue_time is not None and 0 <= outs[0].queue_time < 60  # arrival -> first scheduled, s
             assert engine.get_stats().request_success_total.get("length") == 1
             return tokens
         finally:
