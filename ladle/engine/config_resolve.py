@@ -12,6 +12,7 @@ from typing import Any, Optional
 import torch
 
 from ladle.config import GiB, EngineConfig
+from ladle.models.hf_config import text_config_of
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_CPU_KV_BYTES = 2 * GiB
@@ -21,12 +22,6 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.b
 
 class ConfigError(ValueError):
     """An engine setting that cannot work with this model or machine."""
-
-
-def text_config(hf_config: dict) -> dict:
-    """The language-model part of a (possibly multimodal) HF config dict."""
-    inner = hf_config.get("text_config")
-    return inner if isinstance(inner, dict) else hf_config
 
 
 def resolve_device(device: str) -> str:
@@ -48,7 +43,7 @@ def resolve_dtype(dtype: str, device: str, hf_config: dict) -> str:
         return "float16" if dtype == "half" else ("float32" if dtype == "float" else dtype)
     if device == "cpu":
         return "float32"
-    cfg = text_config(hf_config)
+    cfg = text_config_of(hf_config)
     declared = cfg.get("torch_dtype") or cfg.get("dtype") or hf_config.get("torch_dtype") or hf_config.get("dtype")
     declared = str(declared).replace("torch.", "")
     if declared in ("float16", "bfloat16"):
@@ -62,7 +57,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def resolve_max_model_len(requested: Optional[int], hf_config: dict) -> int:
     """Default: the model's max_position_embeddings. A larger explicit value is refused."""
-    limit = text_config(hf_config).get("max_position_embeddings")
+    limit = text_config_of(hf_config).get("max_position_embeddings")
     if requested is None:
         if limit is None:
             raise ConfigError("the model config has no max_position_embeddings; pass --max-model-len")
@@ -81,7 +76,7 @@ def resolve_block_size(requested: int, hf_config: dict, model_cls: Any) -> int:
     value that disagrees with the model's required size is refused with the reason."""
     required = None
     if model_cls is not None and hasattr(model_cls, "required_block_size"):
-        required = model_cls.required_block_size(text_config(hf_config))
+        required = model_cls.required_block_size(text_config_of(hf_config))
     if requested == 0:
         return int(required) if required else DEFAULT_BLOCK_SIZE
     if requested < 1:

@@ -26,6 +26,7 @@ from ladle.config import ModelConfig
 from ladle.models.checkpoint_llama import export_config_only  # noqa: F401  (public API lives here too)
 from ladle.models.gguf import iter_gguf_tensors, read_gguf_config
 from ladle.models.gguf_cache import ensure_converted
+from ladle.models.hf_config import text_config_of
 from ladle.models.registry import resolve_model_class
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -58,7 +59,7 @@ class ModelSource:
     @property
     def model_hf_config(self) -> dict:
         """The config the model class is built from: `text_config` of a multimodal wrapper, else hf_config."""
-        return self.hf_config.get("text_config") or self.hf_config
+        return text_config_of(self.hf_config)
 
     @property
     def tokenizer_gguf_file(self) -> Optional[str]:
@@ -163,7 +164,7 @@ def resolve_dtype(dtype: str, hf_config: dict, device: "torch.device | str") -> 
     if dtype == "auto":
         if torch.device(device).type == "cpu":
             return torch.float32
-        cfg = hf_config.get("text_config") or hf_config
+        cfg = text_config_of(hf_config)
         name = str(cfg.get("dtype") or cfg.get("torch_dtype") or hf_config.get("torch_dtype") or "bfloat16")
         name = name.replace("torch.", "")
         return _DTYPES[name] if name in ("bfloat16", "float16") else torch.bfloat16

