@@ -149,36 +149,22 @@ class MiniMaxM3ForCausalLM(nn.Module):
         record = bool(ctx.extras.get("record_msa_selection"))
         if record:
             ctx.extras["msa_selected_block_ids"] = {}
-        h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
         kernels = ctx.attn_backend == "triton"
         fused = kernels and self.fuse_norms
-        # fused: each residual add is folded into the next norm (`residual` carries the stream); otherwise the
-        # reference composition. Both round the add to the model dtype before normalising.
-        residual = None
+        h = None  # the residual stream; each residual add happens inside the next norm (`add_norm`)
         for i, layer in enumerate(self.layers):
-            if not fused:
-                a = layer.input_layernorm(h)
-            elif residual is None:
-                a, residual = layer.input_layernorm.forward_fused(h), h
-            else:
-                a, residual = layer.input_layernorm.forward_fused(h, residual)
+            a, h = layer.input_layernorm.add_norm(x, h, fused)
             attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md, ctx.attn_backend, fused)
-            if fused:
-                b, residual = layer.post_attention_layernorm.forward_fused(attn, residual)
-            else:
-                h = h + attn
-                b = layer.post_attention_layernorm(h)
+            b, h = layer.post_attention_layernorm.add_norm(attn, h, fused)
             if isinstance(layer.mlp, MoE):
-                mlp = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=kernels)
+                x = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=kernels)
             else:
-                mlp = layer.mlp(b)
-            h = mlp if fused else h + mlp
+                x = layer.mlp(b)
             if record and selected is not None:
                 ctx.extras["msa_selected_block_ids"][i] = selected
-        if fused and residual is not None:
-            return self.norm.forward_fused(h, residual)[0]
-        return self.norm.forward_fused(h) if fused else self.norm(h)
+        return self.norm.add_norm(x, h, fused)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -34,13 +34,18 @@ class GemmaRMSNorm(nn.Module):
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * (1.0 + self.weight.float())).type_as(x)
 
-    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Kernel path (ladle.kernels.rmsnorm, one launch): x [T, dim] -> y, or with residual [T, dim] -> (y, x +
-        residual) where y = norm(x + residual); the add rounds to x.dtype first, exactly as `h = h + attn` then
-        `forward(h)` does, and the (1 + w) scale is applied in float32 with one cast, as in `forward`."""
-        from ladle.kernels.rmsnorm import rms_norm  # lazy: the torch path needs no Triton
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, fused: bool):
+        """Pre-norm residual step: s = x + residual (x itself when residual is None), rounded to x.dtype; returns
+        (norm(s), s). fused: one kernel (ladle.kernels.rmsnorm with the (1 + w) offset, same rounding points);
+        else the torch ops. x, residual [T, dim]."""
+        if fused:
+            from ladle.kernels.rmsnorm import rms_norm  # lazy: the torch path needs no Triton
 
-        return rms_norm(x, self.weight, self.eps, residual=residual, weight_offset=1.0)
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps, weight_offset=1.0), x
+            return rms_norm(x, self.weight, self.eps, residual=residual, weight_offset=1.0)
+        s = x if residual is None else x + residual
+        return self(s), s
 
     def norm_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool) -> torch.Tensor:
         """Per-head norm then partial RoPE: x [T, heads, dim] (row-strided views are fine), cos/sin [T, r] in
