@@ -59,12 +59,3 @@ async def replay(
     await asyncio.gather(*(lane(s) for s in sessions))
     return results
 
-
-def achieved_hit_rate_from_usage(pairs: list[tuple[AgenticRequest, RequestOutput]]) -> float | None:
-    """sum(usage.prompt_tokens_details.cached_tokens) / sum(prompt tokens) over successful requests that reported
-    cached_tokens; None if the server never reported it."""
-    rep = [o for _, o in pairs if o.success and o.cached_tokens is not None]
-    if not rep:
-        return None
-    total = sum(o.prompt_len for o in rep)
-    return sum(o.cached_tokens or 0 for o in rep) / total if total else None

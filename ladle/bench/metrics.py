@@ -62,6 +62,14 @@ def stats_ms(values_s: Sequence[float], name: str, percentiles: Sequence[float])
     return out
 
 
+def usage_prefix_hit_rate(outputs: Sequence[RequestOutput]) -> float | None:
+    """sum(usage.prompt_tokens_details.cached_tokens) / sum(prompt tokens) over successful requests that reported
+    cached_tokens; None if the server never reported it (or no prompt tokens)."""
+    rep = [o for o in outputs if o.success and o.cached_tokens is not None]
+    total = sum(o.prompt_len for o in rep)
+    return sum(o.cached_tokens or 0 for o in rep) / total if total else None
+
+
 def _peaks(ok: list[RequestOutput]) -> tuple[float, int]:
     if not ok:
         return 0.0, 0

@@ -18,9 +18,8 @@ from datetime import datetime
 from importlib import metadata
 from typing import Any
 
-import numpy as np
 
-from ladle.bench.metrics import calculate_metrics, parse_goodput, percentile_key, stats_ms
+from ladle.bench.metrics import calculate_metrics, parse_goodput, percentile_key, stats_ms, usage_prefix_hit_rate
 from ladle.bench.request import RequestOutput
 from ladle.bench.server_info import machine_info
 
@@ -89,17 +88,11 @@ def build_result(
     return res
 
 
-def _interactivity(outputs: list[RequestOutput], output_lens: list[int], pcts: list[float]) -> dict[str, float]:
-    """InferenceX's interactivity, tok/s/user = 1000 / TPOT_ms, for median and each percentile of TPOT."""
-    tpots = [t * 1000 for t in _tpots(outputs, output_lens)]
-    if not tpots:
-        return {}
-    med = float(np.median(tpots))
-    out = {"median": 1000 / med if med > 0 else None}
-    for p in pcts:
-        v = float(np.percentile(tpots, p))
-        out[percentile_key(p)] = 1000 / v if v > 0 else None
-    return out
+def _interactivity(tpot_stats: dict[str, float], pcts: list[float]) -> dict[str, float | None]:
+    """InferenceX's interactivity, tok/s/user = 1000 / TPOT_ms, for the median and each percentile of TPOT, from
+    `tpot_stats` = stats_ms(tpots, "tpot", pcts); None where the TPOT is 0 (no request had two tokens)."""
+    keys = {"median": "median_tpot_ms", **{percentile_key(p): f"{percentile_key(p)}_tpot_ms" for p in pcts}}
+    return {k: (1000 / tpot_stats[src] if tpot_stats[src] > 0 else None) for k, src in keys.items()}
 
 
 def ladle_section(
@@ -117,9 +110,9 @@ def ladle_section(
         version = None
     ok = [o for o in outputs if o.success]
     chunks = sum(o.num_chunks for o in ok)
-    cached = [o for o in ok if o.cached_tokens is not None]
     num_gpus = getattr(args, "num_gpus", 1) or 1
     pcts = sorted(set(selected_percentiles(args)) | {90.0, 99.0})
+    tpot_stats = stats_ms(_tpots(outputs, result["output_lens"]), "tpot", pcts)
     return {
         "ladle_version": version,
         "argv": argv,
@@ -132,11 +125,9 @@ def ladle_section(
         "num_gpus": num_gpus,
         "total_token_throughput_per_gpu": result["total_token_throughput"] / num_gpus,
         "output_throughput_per_gpu": result["output_throughput"] / num_gpus,
-        "interactivity_tok_s_user": _interactivity(outputs, result["output_lens"], pcts),
-        "tpot_percentiles_ms": {k.split("_")[0]: v for k, v in stats_ms(_tpots(outputs, result["output_lens"]), "tpot", pcts).items()
-                                if k.startswith("p")},
-        "achieved_prefix_hit_rate_usage": (sum(o.cached_tokens or 0 for o in cached) / sum(o.prompt_len for o in cached))
-        if cached and sum(o.prompt_len for o in cached) else None,
+        "interactivity_tok_s_user": _interactivity(tpot_stats, pcts),
+        "tpot_percentiles_ms": {k.split("_")[0]: v for k, v in tpot_stats.items() if k.startswith("p")},
+        "achieved_prefix_hit_rate_usage": usage_prefix_hit_rate(outputs),
         "agentic": agentic_stats,
     }
 

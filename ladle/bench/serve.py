@@ -21,7 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ladle.bench import agentic, report, server_info
-from ladle.bench.agentic_replay import achieved_hit_rate_from_usage, replay
+from ladle.bench.agentic_replay import replay
+from ladle.bench.metrics import usage_prefix_hit_rate
 from ladle.bench.request import RequestInput, RequestOutput, send_request
 from ladle.bench.workload import Workload, build_workload
 
@@ -155,7 +156,7 @@ async def _run_agentic(runner: Runner, wl: Workload) -> tuple[list[RequestOutput
     stats = agentic.workload_stats(wl.sessions, a.agentic_block_size or wl.info.get("server_block_size"))
     stats.update(think_time_scale=a.agentic_think_time_scale, length_scale=a.agentic_length_scale,
                  max_model_len=wl.info.get("max_model_len"), salt=wl.info["salt"],
-                 achieved_hit_rate_usage=achieved_hit_rate_from_usage(pairs), trace_path=wl.info["trace_path"])
+                 achieved_hit_rate_usage=usage_prefix_hit_rate([o for _, o in pairs]), trace_path=wl.info["trace_path"])
     return [o for _, o in pairs], dur, stats
 
 
