@@ -23,10 +23,9 @@ import uuid
 from typing import Any, AsyncIterator, Optional
 
 from ladle.config import EngineConfig
-from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_STOP, RequestRejected
+from ladle.core.outputs import FINISH_ABORT, RequestRejected
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import EngineClient, EngineError, EngineStats, RequestOutput
-from ladle.engine.engine_core import child_params
 from ladle.engine.engine_factory import EngineBundle, build_engine
 from ladle.engine.output_processor import OutputProcessor
 
@@ -191,9 +190,8 @@ class AsyncEngine(EngineClient):
                 pass
 
         try:
-            child_ids = self._processor.add_request(parent_id, prompt_ids, params)
-            requests = [self.core.make_request(c, prompt_ids, child_params(params, i), arrival_time)
-                        for i, c in enumerate(child_ids)]
+            requests = self.core.make_child_requests(self._processor.add_request(parent_id, prompt_ids, params),
+                                                     prompt_ids, params, arrival_time)
             self.core.add_requests(requests)
         except Exception as exc:  # noqa: BLE001 — RequestRejected and friends go back to the caller
             self._processor.remove_request(parent_id)
@@ -211,9 +209,7 @@ class AsyncEngine(EngineClient):
 
     def _dispatch(self, engine_outputs: list) -> None:
         processed = self._processor.process(engine_outputs)
-        for child, stop in processed.stop_hits:
-            self.core.finish_requests([child], FINISH_STOP, stop)  # echo ignored by the processor
-        self.core.finish_requests(processed.failed_ids, FINISH_ERROR)
+        self.core.finish_processed(processed.stop_hits, processed.failed_ids)
         for ro in processed.request_outputs:
             for co in ro.outputs:
                 if co.finish_reason:

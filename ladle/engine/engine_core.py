@@ -15,7 +15,7 @@ import logging
 import traceback
 from typing import Iterable, Optional
 
-from ladle.core.outputs import FINISH_ABORT, EngineOutput, RequestRejected
+from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_STOP, EngineOutput, RequestRejected
 from ladle.core.request import Request
 from ladle.core.sampling_params import SamplingParams
 from ladle.core.scheduler import Scheduler, SchedulerStats
@@ -61,6 +61,19 @@ class EngineCore:
                      arrival_time: Optional[float] = None) -> Request:
         params = fill_max_tokens(params, len(prompt_token_ids), self.max_model_len)
         return Request(request_id, prompt_token_ids, params, self.eos_token_ids, arrival_time)
+
+    def make_child_requests(self, child_ids: list[str], prompt_token_ids: list[int], params: SamplingParams,
+                            arrival_time: Optional[float] = None) -> list[Request]:
+        """The n child Requests of one prompt (ids from OutputProcessor.add_request; choice i: `child_params`)."""
+        return [self.make_request(c, prompt_token_ids, child_params(params, i), arrival_time)
+                for i, c in enumerate(child_ids)]
+
+    def finish_processed(self, stop_hits: list[tuple[str, str]], failed_ids: list[str]) -> None:
+        """Finish what output processing ended: children whose stop string matched (reason "stop", the string
+        as stop_reason; the echoed outputs are ignored by the processor) and children that failed ("error")."""
+        for child, stop in stop_hits:
+            self.finish_requests([child], FINISH_STOP, stop)
+        self.finish_requests(failed_ids, FINISH_ERROR)
 
     def add_request(self, request: Request) -> None:
         """Queue one (child) request. Raises RequestRejected when it can never run."""

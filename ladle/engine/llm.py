@@ -9,10 +9,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional, Sequence, Union
 
-from ladle.core.outputs import FINISH_ERROR, FINISH_STOP
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, RequestOutput
-from ladle.engine.engine_core import child_params
 from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
 from ladle.engine.output_processor import OutputProcessor
 
@@ -57,9 +55,8 @@ class LLM:
                 ids = self._encode(prompt)
                 parent_id = f"cmpl-{uuid.uuid4().hex}"
                 order.append(parent_id)
-                child_ids = self.processor.add_request(parent_id, ids, params)
-                requests += [self.core.make_request(child, ids, child_params(params, i))
-                             for i, child in enumerate(child_ids)]
+                requests += self.core.make_child_requests(self.processor.add_request(parent_id, ids, params), ids,
+                                                          params)
             self.core.add_requests(requests)
         except BaseException:
             for pid in order:
@@ -73,9 +70,7 @@ class LLM:
         while self.core.has_unfinished_requests():
             outputs = self.core.step()
             processed = self.processor.process(outputs)
-            for child, stop in processed.stop_hits:
-                self.core.finish_requests([child], FINISH_STOP, stop)  # echoes are ignored by the processor
-            self.core.finish_requests(processed.failed_ids, FINISH_ERROR)
+            self.core.finish_processed(processed.stop_hits, processed.failed_ids)
             for ro in processed.request_outputs:
                 last[ro.request_id] = ro
                 for co in ro.outputs:
