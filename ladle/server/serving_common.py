@@ -29,9 +29,6 @@ from ladle.server.metrics import RequestTimer, ServerMetrics
 from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
 
 T = TypeVar("T")
-DISCONNECT_POLL_S = 0.05
-
-
 class ClientDisconnected(Exception):
     """The HTTP client went away while we waited for the engine."""
 
@@ -162,8 +159,10 @@ class PromptRun:
 
 
 async def _until_disconnected(raw: Request) -> None:
-    while not await raw.is_disconnected():
-        await asyncio.sleep(DISCONNECT_POLL_S)
+    """Returns when the ASGI server reports `http.disconnect`. The JSON body was already read, so `receive()` just
+    waits for that message: no polling (a 50 ms `is_disconnected()` poll per waiting request cost ~28 us each)."""
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def race_disconnect(raw: Optional[Request], aw: Awaitable[T]) -> T:
