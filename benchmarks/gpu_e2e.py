@@ -18,7 +18,7 @@ import torch
 
 from gpu_bench_common import time_single_us
 
-from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, set_forward_context
+from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, OpBackends, set_forward_context
 from ladle.runner.cuda_graph import CudaGraphRunner
 
 BATCHES = (1, 32, 128)
@@ -60,7 +60,7 @@ def bench_decode_step(model_dir, result):
         ids = torch.randint(0, cfg["vocab_size"], (b,), device=dev)
 
         def eager():
-            with torch.inference_mode(), set_forward_context(ForwardContext(md, caches, attn_backend="triton")):
+            with torch.inference_mode(), set_forward_context(ForwardContext(md, caches, backends=OpBackends.kernels())):
                 return model(ids, md.positions)
 
         def graph():

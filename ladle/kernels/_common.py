@@ -27,7 +27,7 @@ def cpu_interpreter(allowed: bool = True) -> Iterator[None]:
     """Inside this block, CPU tensors may (allowed=True) or may not (False) run Triton kernels under
     TRITON_INTERPRET=1. Default outside any block: allowed. tests/conftest.py sets TRITON_INTERPRET=1 for the
     whole CPU pytest process, so CPU code that wants the fast torch references (e.g. a whole-model CPU test) can
-    wrap itself in `cpu_interpreter(False)`; the runner's attn_backend="torch" on CPU already avoids kernels."""
+    wrap itself in `cpu_interpreter(False)`; the runner's OpBackends.reference() on CPU already avoids kernels."""
     _CPU_INTERPRETER_ALLOWED.append(allowed)
     try:
         yield

@@ -1,7 +1,7 @@
 """Paged attention entry point: checks shapes, picks decode or varlen kernel, records the dispatch.
 
 `paged_attention(q, key_cache, value_cache, attn_metadata, scale)` is what the generic `Attention` layer calls
-when `ForwardContext.attn_backend == "triton"`. The new tokens' K/V must already be in the cache
+when `ForwardContext.backends.attention == "TRITON_ATTN"`. The new tokens' K/V must already be in the cache
 (`store_kvcache` first): both kernels read all keys, the step's own included, from the paged cache.
 
 Which kernel (host-side facts only, no device sync):

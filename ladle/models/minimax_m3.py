@@ -8,9 +8,9 @@ Registered (ladle/models/registry.py) for `MiniMaxM3SparseForConditionalGenerati
 and `MiniMaxM3VLForCausalLM`. Checkpoint names map through ladle/models/minimax_m3_weights.py.
 
 Forward contract (ladle/models/interface.py): reads `get_forward_context()`; writes K, V and (sparse layers)
-index-K for every token with slot >= 0. `ctx.attn_backend == "triton"` (the runner's choice on CUDA) selects the
-ladle.kernels path for attention, the indexer, the MoE and (with `fuse_norms`, default on) the norms: residual add +
-RMSNorm and per-head norm + RoPE fused into one kernel each (graph-capturable); "torch" the reference path. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
+index-K for every token with slot >= 0. `ctx.backends` (ladle.layers.attention.metadata.OpBackends, the runner's
+choice) selects the ladle.kernels path for attention and the indexer (`attention`), the MoE (`moe`) and the norms
+(`fused_norms`: residual add + RMSNorm and per-head norm + RoPE fused into one kernel each), or the references. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
 left in `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
 """
 
@@ -115,8 +115,6 @@ class M3DecoderLayer(nn.Module):
 class MiniMaxM3ForCausalLM(nn.Module):
     """See module docstring. ctor(hf_config: root config.json dict or its text_config, dtype, device)."""
 
-    fuse_norms = True  # kernel path only: fused add+norm and norm+RoPE kernels (False: the torch ops, for A/B runs)
-
     def __init__(self, hf_config: dict, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         super().__init__()
         cfg = parse_m3_config(hf_config)
@@ -151,12 +149,12 @@ class MiniMaxM3ForCausalLM(nn.Module):
             ctx.extras["msa_selected_block_ids"] = {}
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        kernels = ctx.attn_backend == "triton"
-        fused = kernels and self.fuse_norms
+        kernels = ctx.backends.triton_moe
+        fused = ctx.backends.fused_norms
         h = None  # the residual stream; each residual add happens inside the next norm (`add_norm`)
         for i, layer in enumerate(self.layers):
             a, h = layer.input_layernorm.add_norm(x, h, fused)
-            attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md, ctx.attn_backend, fused)
+            attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md, "triton" if ctx.backends.triton_attention else "torch", fused)
             b, h = layer.post_attention_layernorm.add_norm(attn, h, fused)
             if isinstance(layer.mlp, MoE):
                 x = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=kernels)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
-from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, LayerKVCache, set_forward_context
+from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, LayerKVCache, OpBackends, set_forward_context
 
 
 @dataclass
@@ -27,9 +28,9 @@ class PagedDriver:
     """Caches + block allocator for one model. Block 0 is the null block and is never handed out."""
 
     def __init__(self, model, num_blocks: int, block_size: int | None = None, seed: int = 0,
-                 attn_backend: str = "torch"):
+                 backends: Optional[OpBackends] = None):
         self.model = model
-        self.attn_backend = attn_backend
+        self.backends = backends or OpBackends.reference()
         self.block_size = block_size or model.config.index_block_size
         dev, dt = model.device, model.dtype
         self.caches = []
@@ -95,7 +96,7 @@ class PagedDriver:
         Returns (logits [T, vocab] float32 for every new token in chunk order, the forward context's extras).
         """
         md, input_ids = self._metadata(chunks)
-        ctx = ForwardContext(attn_metadata=md, kv_caches=self.caches, attn_backend=self.attn_backend,
+        ctx = ForwardContext(attn_metadata=md, kv_caches=self.caches, backends=self.backends,
                              extras={"record_msa_selection": record_selection})
         with set_forward_context(ctx):
             hidden = self.model.forward(input_ids, md.positions)

@@ -3,7 +3,7 @@
 Hook (ModelRunner; eager stays available and is the only path with --enforce-eager):
 
     self.graphs = None
-    if self.device.type == "cuda" and not runner_config.enforce_eager and self.attn_backend == "triton":
+    if self.device.type == "cuda" and not runner_config.enforce_eager and self.backends.graph_safe:
         self.graphs = CudaGraphRunner(self.model, self.kv_caches, max_batch_size=max_num_seqs,
                                       max_blocks_per_seq=cdiv(max_model_len, block_size), block_size=block_size,
                                       device=self.device)
@@ -20,7 +20,7 @@ positions, slot_mapping, seq_lens, context_lens and block table into the first B
 B..bucket-1 become padding (token 0, position 0, slot -1 so nothing is written to the cache, seq_len 0 so
 attention returns zeros); query_start_loc is the constant arange (one query per request). Every kernel in the
 captured forward must take its launch grid from shapes only and never read host mirrors (`*_cpu`) — true of the
-Triton backend (ladle.kernels.paged_attention), not of the torch reference, hence the attn_backend condition.
+Triton backend (ladle.kernels.paged_attention), not of the torch reference, hence the `OpBackends.graph_safe` condition.
 The AttentionMetadata built for capture carries capture-time host mirrors; they are meaningless during replay.
 
 Dispatch record: op "cuda_graph_decode", one `executed` per replay; ops inside the graph are counted only while
@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, set_forward_context
+from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, OpBackends, set_forward_context
 from ladle.observe import dispatch
 
 logger = logging.getLogger(__name__)
@@ -57,18 +57,19 @@ class CudaGraphRunner:
         block_size: KV block size in tokens.
         device: the CUDA device.
         buckets: batch sizes to capture (default DEFAULT_BUCKETS up to max_batch_size, plus max_batch_size).
-        attn_backend: written into the captured ForwardContext; must be graph-safe ("triton").
+        backends: the OpBackends written into the captured ForwardContext; must be graph-safe.
     """
 
     def __init__(self, model, kv_caches: list, *, max_batch_size: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, buckets: Optional[Sequence[int]] = None, attn_backend: str = "triton") -> None:
+                 device: torch.device, buckets: Optional[Sequence[int]] = None, backends: Optional[OpBackends] = None) -> None:
         assert torch.device(device).type == "cuda", "CUDA graphs need a CUDA device"
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.max_blocks = max_blocks_per_seq
         self.device = torch.device(device)
-        self.attn_backend = attn_backend
+        self.backends = backends or OpBackends.kernels()
+        assert self.backends.graph_safe, f"backends {self.backends} cannot be captured"
         wanted = [b for b in (buckets or DEFAULT_BUCKETS) if b <= max_batch_size]
         self.buckets = sorted(set(wanted + ([] if buckets else [max_batch_size])))
         n = self.buckets[-1]
@@ -98,7 +99,7 @@ class CudaGraphRunner:
 
     def _forward(self, bucket: int) -> torch.Tensor:
         ctx = ForwardContext(attn_metadata=self._metadata(bucket), kv_caches=self.kv_caches,
-                             attn_backend=self.attn_backend)
+                             backends=self.backends)
         with set_forward_context(ctx):
             return self.model(self.input_ids[:bucket], self.positions[:bucket])
 

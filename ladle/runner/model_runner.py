@@ -27,7 +27,7 @@ import torch
 from ladle.config import CacheConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from ladle.core.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
 from ladle.core.sampling_params import SamplingParams
-from ladle.layers.attention.metadata import ForwardContext, set_forward_context
+from ladle.layers.attention.metadata import ForwardContext, OpBackends, set_forward_context
 from ladle.runner.input_batch import BatchInputs, build_batch_inputs
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
                                    num_blocks_for_bytes)
@@ -68,7 +68,7 @@ class ModelRunner:
         self._free_rows = list(range(self._block_table_cpu.shape[0] - 1, -1, -1))
         # (serials of the sampling rows, their StaticSampling, max top logprobs or None when none asked)
         self._static_cache: Optional[tuple[tuple[int, ...], StaticSampling, Optional[int]]] = None
-        self.attn_backend = "triton" if self.device.type == "cuda" else "torch"
+        self.backends = OpBackends.kernels() if self.device.type == "cuda" else OpBackends.reference()
         self.graphs = None  # captured last, after the profiling forward
 
         capacity = cache_config.kv_cache_memory_bytes
@@ -88,7 +88,7 @@ class ModelRunner:
     def _maybe_capture_graphs(self):
         """Decode CUDA graphs (ladle/runner/cuda_graph.py) on CUDA with the graph-safe Triton attention,
         unless --enforce-eager. None means every step runs eagerly."""
-        if self.device.type != "cuda" or self.runner_config.enforce_eager or self.attn_backend != "triton":
+        if self.device.type != "cuda" or self.runner_config.enforce_eager or not self.backends.graph_safe:
             return None
         if importlib.util.find_spec("ladle.kernels.paged_attention") is None:
             logger.warning("no Triton paged attention kernel: CUDA graphs disabled")
@@ -97,7 +97,7 @@ class ModelRunner:
 
         graphs = CudaGraphRunner(self.model, self.kv_caches, max_batch_size=self.scheduler_config.max_num_seqs,
                                  max_blocks_per_seq=-(-self.max_model_len // self.block_size),
-                                 block_size=self.block_size, device=self.device, attn_backend=self.attn_backend)
+                                 block_size=self.block_size, device=self.device, backends=self.backends)
         graphs.capture()
         return graphs
 
@@ -162,7 +162,7 @@ class ModelRunner:
         graphs = self.graphs
         if graphs is not None and kv_caches is self.kv_caches and graphs.can_run(batch.attn_metadata):
             return graphs.run(batch.input_ids, batch.positions, batch.attn_metadata)
-        ctx = ForwardContext(attn_metadata=batch.attn_metadata, kv_caches=kv_caches, attn_backend=self.attn_backend)
+        ctx = ForwardContext(attn_metadata=batch.attn_metadata, kv_caches=kv_caches, backends=self.backends)
         with set_forward_context(ctx):
             return self.model(batch.input_ids, batch.positions)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, set_forward_context
+from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, OpBackends, set_forward_context
 
 TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
@@ -65,7 +65,7 @@ def test_graph_replay_equals_eager():
     ids = torch.randint(0, 512, (5,), device=dev)
 
     def eager(m, input_ids):
-        with torch.inference_mode(), set_forward_context(ForwardContext(m, caches, attn_backend="triton")):
+        with torch.inference_mode(), set_forward_context(ForwardContext(m, caches, backends=OpBackends.kernels())):
             return model(input_ids, m.positions).clone()
 
     graphs = CudaGraphRunner(model, caches, max_batch_size=8, max_blocks_per_seq=max_blocks, block_size=bs,

@@ -1,7 +1,7 @@
 """The Triton attention backend inside a real model agrees with the torch reference path.
 
 A Llama model runs three steps — a ragged prefill, a chunked-prefill continuation mixed with a decode, and a pure
-decode — once with `attn_backend="triton"` (ladle.kernels store + paged attention) and once with the float32
+decode — once with ``OpBackends.kernels()` (ladle.kernels store + paged attention) and once with the float32
 torch reference backend on the CPU, on identical weights and block tables; logits of all 28 fed tokens compared.
 CPU (CI): 2 layers at SmolLM2's head geometry under the Triton interpreter, float32: logits rel. error < 1e-4.
 GPU (marked): the full SmolLM2-135M shape (30 layers) in bf16 against the CPU float32 reference: logits
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, set_forward_context
+from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, OpBackends, set_forward_context
 from ladle.observe import dispatch
 
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
@@ -51,7 +51,7 @@ def _run_steps(model, caches, backend, block_size, tables, device, ids_per_req):
             positions=torch.tensor(pos, dtype=torch.int64, device=device), block_size=block_size,
             max_query_len=max(step.values()), max_seq_len=max(seq), query_start_loc_cpu=qsl, seq_lens_cpu=seq,
             context_lens_cpu=[done[r] for r in reqs], num_actual_tokens=qsl[-1])
-        with torch.inference_mode(), set_forward_context(ForwardContext(md, caches, attn_backend=backend)):
+        with torch.inference_mode(), set_forward_context(ForwardContext(md, caches, backends=backend)):
             hidden.append(model(torch.tensor(ids, dtype=torch.int64, device=device), md.positions).clone())
         for r in reqs:
             done[r] += step[r]
@@ -75,11 +75,11 @@ def _compare(cfg, device, dtype, block_size):
     c_fast = allocate_kv_caches(fast.kv_cache_specs(), 16, block_size, dtype, torch.device(device))
     c_ref = allocate_kv_caches(ref.kv_cache_specs(), 16, block_size, torch.float32, torch.device("cpu"))
     dispatch.reset()
-    got = _run_steps(fast, c_fast, "triton", block_size, tables, device, ids)
+    got = _run_steps(fast, c_fast, OpBackends.kernels(), block_size, tables, device, ids)
     ops = dispatch.snapshot()["ops"]
     for op in ("attn_prefill", "attn_decode", "kv_store"):  # the fast path really ran
         assert sum(b["executed"] for b in ops[op]["buckets"].values()) > 0, op
-    want = _run_steps(ref, c_ref, "torch", block_size, tables, "cpu", ids)
+    want = _run_steps(ref, c_ref, OpBackends.reference(), block_size, tables, "cpu", ids)
     err = ((got.double() - want.double()).norm() / want.double().norm()).item()
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     return err, agree

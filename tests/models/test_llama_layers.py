@@ -13,7 +13,7 @@ import torch
 
 from ladle.layers.activation import silu_and_mul
 from ladle.layers.attention.layer import Attention
-from ladle.layers.attention.metadata import LayerCacheSpec, set_forward_context
+from ladle.layers.attention.metadata import LayerCacheSpec, OpBackends, set_forward_context
 from ladle.layers.attention.paged_ref import paged_attention_ref, store_kv_ref
 from ladle.layers.attention.testing import PagedTestCache
 from ladle.layers.norm import RMSNorm
@@ -151,7 +151,7 @@ def test_batched_decode_path_equals_per_request_loop(monkeypatch):
 
 
 def test_attention_layer_triton_seam_calls_kernel_entry_points(monkeypatch):
-    """attn_backend="triton" routes through the kernel entry points named in layer.py (faked here)."""
+    """backends=OpBackends.kernels() routes through the kernel entry points named in layer.py (faked here)."""
     import ladle.layers.attention.layer as layer_mod
 
     calls = []
@@ -167,7 +167,7 @@ def test_attention_layer_triton_seam_calls_kernel_entry_points(monkeypatch):
     monkeypatch.setitem(layer_mod._OPTIONAL_CACHE, "ladle.kernels.kv_store:store_kv", fake_store)
     monkeypatch.setitem(layer_mod._OPTIONAL_CACHE, "ladle.kernels.paged_attention:paged_attention", fake_attend)
     attn = Attention(4, 2, 8, 8**-0.5, layer_idx=0)
-    cache = PagedTestCache([LayerCacheSpec(2, 8)], num_blocks=8, block_size=4, attn_backend="triton")
+    cache = PagedTestCache([LayerCacheSpec(2, 8)], num_blocks=8, block_size=4, backends=OpBackends.kernels())
     _, _, ctx = cache.build([("a", [0] * 5)])
     q, k, v = torch.randn(5, 32), torch.randn(5, 16), torch.randn(5, 16)
     with set_forward_context(ctx):

@@ -1,4 +1,4 @@
-"""MiniMax-M3 on CUDA: the ladle.kernels path (attn_backend "triton": kv store, dense paged attention, MSA indexer,
+"""MiniMax-M3 on CUDA: the ladle.kernels path (OpBackends.kernels(): kv store, dense paged attention, MSA indexer,
 MSA sparse attention, router, fused MoE) against the CPU float32 torch reference, and the engine with CUDA graphs.
 Skipped without CUDA (marked gpu)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ladle.layers.attention.metadata import OpBackends
 from m3_helpers import prompt, selection_sets
 
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
@@ -31,7 +32,7 @@ def test_kernel_path_matches_cpu_reference_fp32(ckpt, exact_dense_attention):
     gpu = load_m3_dir(ckpt, torch.float32, "cuda")
     ids = prompt(733, 1)
     ref, ref_x = PagedDriver(cpu, 60).step([("a", ids)], record_selection=True)
-    drv = PagedDriver(gpu, 60, attn_backend="triton")
+    drv = PagedDriver(gpu, 60, backends=OpBackends.kernels())
     got, got_x = drv.step([("a", ids[:500])], record_selection=True)
     cos = torch.nn.functional.cosine_similarity(got.cpu(), ref[:500], dim=-1)
     assert cos.min().item() >= 0.99999
@@ -46,7 +47,7 @@ def test_kernel_path_matches_cpu_reference_fp32(ckpt, exact_dense_attention):
 def test_full_kernel_path_close_to_reference_fp32(ckpt):
     """With the TF32 dense kernels in the loop only near-tie rows may differ."""
     ref = PagedDriver(load_m3_dir(ckpt, torch.float32, "cpu"), 40).prefill("a", prompt(500, 1))
-    got = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), 40, attn_backend="triton").prefill("a", prompt(500, 1))
+    got = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), 40, backends=OpBackends.kernels()).prefill("a", prompt(500, 1))
     cos = torch.nn.functional.cosine_similarity(got.cpu(), ref, dim=-1)
     assert (cos >= 0.9999).float().mean().item() >= 0.9 and torch.isfinite(got).all()
 
@@ -57,7 +58,7 @@ def test_engine_with_cuda_graphs_matches_eager_kernel_path(ckpt):
     from ladle.engine.llm import LLM
 
     prompts = [prompt(150, 2), prompt(70, 3), prompt(33, 4)]
-    eager = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), 40, attn_backend="triton")
+    eager = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), 40, backends=OpBackends.kernels())
     want = eager.greedy(dict(enumerate(prompts)), 24)
     llm = LLM(ckpt, device="cuda", dtype="float32", kv_cache_memory_bytes=64 << 20)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
@@ -69,7 +70,7 @@ def test_engine_with_cuda_graphs_matches_eager_kernel_path(ckpt):
 def test_bf16_kernel_path_close_to_fp32(ckpt):
     """bf16 rounding flips near-tied block choices on some rows (a sparse model amplifies those), so the check is
     on the bulk: median per-position cosine, and finiteness."""
-    ref = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), 20, attn_backend="triton").prefill("a", prompt(200, 5))
-    got = PagedDriver(load_m3_dir(ckpt, torch.bfloat16, "cuda"), 20, attn_backend="triton").prefill("a", prompt(200, 5))
+    ref = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), 20, backends=OpBackends.kernels()).prefill("a", prompt(200, 5))
+    got = PagedDriver(load_m3_dir(ckpt, torch.bfloat16, "cuda"), 20, backends=OpBackends.kernels()).prefill("a", prompt(200, 5))
     cos = torch.nn.functional.cosine_similarity(got.float(), ref, dim=-1)
     assert cos.median().item() > 0.999 and torch.isfinite(got).all()

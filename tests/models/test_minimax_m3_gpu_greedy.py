@@ -1,4 +1,4 @@
-"""MiniMax-M3 tiny and `small` presets: greedy tokens of the CUDA kernel path (attn_backend "triton", fused norms,
+"""MiniMax-M3 tiny and `small` presets: greedy tokens of the CUDA kernel path (OpBackends.kernels(), fused norms,
 MSA indexer + sparse attention, fused MoE) against the CPU float32 torch reference path (issue 6, GPU tests).
 Skipped without CUDA (marked gpu).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ladle.layers.attention.metadata import OpBackends
 from m3_helpers import selection_sets
 
 from ladle.models.checkpoint_m3 import make_checkpoint
@@ -94,7 +95,7 @@ def reference(preset_ckpt):
 def test_fp32_kernel_path_greedy_matches_cpu_reference(preset_ckpt, reference):
     preset, ckpt = preset_ckpt
     prompts, (ref, ref_gaps, _, ref_x) = reference
-    drv = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), CASES[preset][1], attn_backend="triton")
+    drv = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), CASES[preset][1], backends=OpBackends.kernels())
     got, _, _, got_x = greedy_trace(drv, prompts, NEW_TOKENS, record=True)
     assert_same_greedy(got, ref, ref_gaps, tol=1e-3)
     layers = sorted(ref_x["msa_selected_block_ids"])
@@ -111,6 +112,6 @@ def test_fp32_kernel_path_greedy_matches_cpu_reference(preset_ckpt, reference):
 def test_bf16_kernel_path_greedy_matches_cpu_reference(preset_ckpt, reference):
     preset, ckpt = preset_ckpt
     prompts, (ref, _, ref_top5, _) = reference
-    drv = PagedDriver(load_m3_dir(ckpt, torch.bfloat16, "cuda"), CASES[preset][1], attn_backend="triton")
+    drv = PagedDriver(load_m3_dir(ckpt, torch.bfloat16, "cuda"), CASES[preset][1], backends=OpBackends.kernels())
     got, _, got_top5, _ = greedy_trace(drv, prompts, NEW_TOKENS)
     assert_top5_close(got, got_top5, ref, ref_top5)

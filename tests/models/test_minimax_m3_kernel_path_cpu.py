@@ -1,4 +1,4 @@
-"""MiniMax-M3 (tiny preset, float32) on the kernel path (attn_backend "triton": fused residual + Gemma RMSNorm,
+"""MiniMax-M3 (tiny preset, float32) on the kernel path (OpBackends.kernels(): fused residual + Gemma RMSNorm,
 fused per-head norm + RoPE, KV/index-K store, dense paged attention, MSA indexer, MSA sparse attention, router,
 fused MoE; one GEMM for the q/k/v and index q/k projections) run by the Triton CPU interpreter, against the torch
 reference path, through a prefill, a chunk that crosses a block boundary, and decode steps that cross another
@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ladle.layers.attention.metadata import OpBackends
 from m3_helpers import selection_sets
 
 from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
@@ -24,7 +25,7 @@ def _executed(op: str) -> int:
 def test_kernel_path_matches_torch_path_on_cpu(ckpt):
     model = load_m3_dir(ckpt, torch.float32, "cpu")
     ids = torch.randint(3, 500, (52,), generator=torch.Generator().manual_seed(5)).tolist()
-    ref_drv, ker_drv = PagedDriver(model, 16), PagedDriver(model, 16, attn_backend="triton")
+    ref_drv, ker_drv = PagedDriver(model, 16), PagedDriver(model, 16, backends=OpBackends.kernels())
     ops = ("rmsnorm", "head_norm_rope", "kv_store", "index_k_store", "attn_prefill", "attn_decode", "msa_indexer",
            "msa_sparse_attention", "moe_router", "fused_moe")
     before = {op: _executed(op) for op in ops}

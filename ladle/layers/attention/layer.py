@@ -1,8 +1,8 @@
 """The dense paged `Attention` layer: stores this step's K/V, then attends over each request's whole context.
 
-Backends (chosen by `ForwardContext.attn_backend`, which the runner sets from the dispatch rules):
-  "torch"  — `paged_ref.py` (reference; CPU and fallback everywhere).
-  "triton" — `ladle.kernels.paged_attention.paged_attention(q, key_cache, value_cache, attn_metadata, scale)`
+Backends (chosen by `ForwardContext.backends.attention`, which the runner resolves from RunnerConfig):
+  "TORCH"  — `paged_ref.py` (reference; CPU and fallback everywhere).
+  "TRITON_ATTN" — `ladle.kernels.paged_attention.paged_attention(q, key_cache, value_cache, attn_metadata, scale)`
              with the same arguments/returns as `paged_attention_ref`, and, if present,
              `ladle.kernels.kv_store.store_kv(key, value, key_cache, value_cache, slot_mapping)` with the same
              contract as `store_kv_ref`. Both entry points check eligibility and record their dispatch
@@ -65,7 +65,7 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
 
         store, attend = store_kv_ref, paged_attention_ref
-        if ctx.attn_backend == "triton":
+        if ctx.backends.triton_attention:
             store, attend = self._triton_ops(num_tokens, md.is_decode_only)
         store(k, v, cache.key_cache, cache.value_cache, md.slot_mapping)
         out = attend(q, cache.key_cache, cache.value_cache, md, self.scale)

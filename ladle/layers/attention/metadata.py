@@ -76,15 +76,64 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
+ATTENTION_BACKENDS = ("TRITON_ATTN", "TORCH")  # ladle's values of vLLM's --attention-backend
+MOE_BACKENDS = ("triton", "torch")  # ladle's values of vLLM's --moe-backend
+
+
+@dataclass(frozen=True)
+class OpBackends:
+    """Which implementation each op family runs in one forward; the runner resolves it once from RunnerConfig
+    (`--attention-backend`, `--moe-backend`, `--fused-norms`) and every layer reads it from the forward context.
+
+    attention: "TRITON_ATTN" (ladle.kernels: KV / index-K store, paged attention, MSA indexer and sparse
+      attention; graph-safe, no host mirrors) or "TORCH" (the ops' torch references).
+    moe: "triton" (router + fused MoE kernels) or "torch" (their references).
+    fused_norms: True runs the Triton residual-add + RMSNorm and per-head norm + RoPE kernels; False the torch
+      references (same rounding points).
+    Whatever is chosen, each op still checks its eligibility rule and records configured / eligible / executed in
+    ladle.observe.dispatch (an ineligible input falls back to the reference, visibly).
+    """
+
+    attention: str = "TORCH"
+    moe: str = "torch"
+    fused_norms: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.attention in ATTENTION_BACKENDS, self.attention
+        assert self.moe in MOE_BACKENDS, self.moe
+
+    @classmethod
+    def kernels(cls) -> "OpBackends":
+        """Every Triton fast path (what the runner picks on CUDA by default)."""
+        return cls("TRITON_ATTN", "triton", True)
+
+    @classmethod
+    def reference(cls) -> "OpBackends":
+        """Every torch reference (what the runner picks on CPU by default)."""
+        return cls()
+
+    @property
+    def triton_attention(self) -> bool:
+        return self.attention == "TRITON_ATTN"
+
+    @property
+    def triton_moe(self) -> bool:
+        return self.moe == "triton"
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a forward with these backends may be captured in a CUDA graph (no host mirrors, no syncs)."""
+        return self.triton_attention
+
+
 @dataclass
 class ForwardContext:
-    """What layers may read during `model.forward`: the metadata and this step's caches (by layer index)."""
+    """What layers may read during `model.forward`: the metadata, this step's caches (by layer index) and the
+    op backends to run."""
 
     attn_metadata: AttentionMetadata
     kv_caches: list[LayerKVCache]
-    # Which attention implementation layers should use ("torch" reference or "triton"); set by the runner
-    # from the dispatch rules. Layers record their choice in ladle.observe.dispatch.
-    attn_backend: str = "torch"
+    backends: OpBackends = field(default_factory=OpBackends)
     extras: dict = field(default_factory=dict)  # e.g. MSA selections for tests/debug
 
 

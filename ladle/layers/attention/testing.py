@@ -20,6 +20,7 @@ import torch
 from ladle.layers.attention.metadata import (
     AttentionMetadata,
     ForwardContext,
+    OpBackends,
     LayerCacheSpec,
     LayerKVCache,
     set_forward_context,
@@ -37,11 +38,11 @@ class PagedTestCache:
         dtype: torch.dtype = torch.float32,
         device: "torch.device | str" = "cpu",
         shuffle_seed: Optional[int] = 0,
-        attn_backend: str = "torch",
+        backends: Optional[OpBackends] = None,
     ) -> None:
         self.block_size = block_size
         self.device = torch.device(device)
-        self.attn_backend = attn_backend
+        self.backends = backends or OpBackends.reference()
         self.kv_caches = []
         for spec in specs:
             shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
@@ -106,7 +107,7 @@ class PagedTestCache:
             context_lens_cpu=ctx_lens,
             num_actual_tokens=qsl[-1],
         )
-        ctx = ForwardContext(attn_metadata=md, kv_caches=self.kv_caches, attn_backend=self.attn_backend)
+        ctx = ForwardContext(attn_metadata=md, kv_caches=self.kv_caches, backends=self.backends)
         return md.positions.new_tensor(input_ids), md.positions, ctx
 
     @torch.no_grad()
