@@ -147,7 +147,7 @@ class MiniMaxM3ToolParser(ToolCallParser):
         ws = buf[: len(buf) - len(body)]
         close = next((c for c in CALL_CLOSES if body.startswith(c)), None)
         if close is not None or (final and not body):
-            self._take(ws + (close or ""), junk=False)
+            self._consume_wrapper_text(ws + (close or ""), junk=False)
             self._close_wrapper()
             return True
         if body.startswith(INVOKE_OPENS):
@@ -158,12 +158,12 @@ class MiniMaxM3ToolParser(ToolCallParser):
             elif stop is not None:  # the wrapper ends inside the invoke: the invoke ends there
                 segment = body[: stop[0]]
             elif final:  # truncated invoke
-                self._take(buf, junk=True)
+                self._consume_wrapper_text(buf, junk=True)
                 return True
             else:
                 return False
             call = parse_invoke(segment, self.tools)
-            self._take(ws + segment, junk=call is None)
+            self._consume_wrapper_text(ws + segment, junk=call is None)
             if call is not None:
                 self._wrapper_calls += 1
                 self._emit_call(*call)
@@ -171,10 +171,10 @@ class MiniMaxM3ToolParser(ToolCallParser):
         hit = find_first(buf, INVOKE_OPENS + CALL_CLOSES, len(ws) + 1)
         if hit is None and not final:
             return False
-        self._take(buf if hit is None else buf[: hit[0]], junk=True)
+        self._consume_wrapper_text(buf if hit is None else buf[: hit[0]], junk=True)
         return True
 
-    def _take(self, text: str, junk: bool) -> None:
+    def _consume_wrapper_text(self, text: str, junk: bool) -> None:
         self._buf = self._buf[len(text):]
         self._raw.append(text)
         if junk:
