@@ -69,7 +69,7 @@ class HermesToolParser(ToolCallParser):
     def _resolve(self, body: str, raw: str) -> None:
         try:
             call = call_from_json(json.loads(body), ("arguments", "parameters"))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep for the decoder
             call = None
         if call is None:
             self._emit_content(raw)
@@ -119,7 +119,7 @@ class Llama3JsonToolParser(ToolCallParser):
                 try:
                     obj, end = self._decoder.raw_decode(buf, pos)
                     call = call_from_json(obj, ("parameters", "arguments"))
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):
                     if not final:
                         return  # maybe incomplete: wait for more text
             if call is None:  # malformed: the rest (or, with no call yet, everything) is content
