@@ -127,10 +127,18 @@ def test_m3_tolerated_deviations():
     m3_wrap("just words"),
     f"{NS}<tool_call>{NS}<invoke name=\"noop\">{NS}<a>1",  # truncated in an invoke
     f"{NS}<tool_call>\n",  # truncated wrapper
+    m3_wrap(m3_invoke("noop", f"{NS}<a>" * 65 + "x")),  # nesting deeper than MAX_DEPTH
 ])
 def test_m3_malformed_wrapper_is_content_verbatim(text):
     check_all_chunkings(MiniMaxM3ToolParser, "before " + text + " after", "before " + text + " after", [],
                         num_random=4)
+
+
+def test_m3_very_deep_nesting_is_content_not_an_exception():
+    text = m3_wrap(m3_invoke("noop", f"{NS}<a>" * 3000 + "x"))
+    assert MiniMaxM3ToolParser(TOOLS).extract(text) == (text, [])
+    ok = m3_wrap(m3_invoke("noop", f"{NS}<a>" * 64 + "x"))
+    assert MiniMaxM3ToolParser(TOOLS).extract(ok)[1][0]["function"]["arguments"].count("{") == 64
 
 
 def test_m3_malformed_invoke_beside_a_valid_one():

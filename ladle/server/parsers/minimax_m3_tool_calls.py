@@ -44,6 +44,7 @@ _NS_RE = re.escape(NS)
 _INVOKE_HEAD = re.compile(rf"(?:{_NS_RE})?<invoke\s+name\s*=\s*(?:\"([^\"]*)\"|'([^']*)')\s*>")
 _INVOKE_TAIL = re.compile(rf"(?:{_NS_RE})?</invoke>\s*$")
 _TAG = re.compile(rf"{_NS_RE}<(/?)([^\s<>/]+)\s*>")
+MAX_DEPTH = 64  # deeper parameter nesting is malformed (keeps the recursive conversion far from Python's limit)
 
 
 class _Malformed(Exception):
@@ -58,7 +59,8 @@ class _Element:
 
 
 def _parse_elements(body: str) -> Optional[_Element]:
-    """Namespaced tags of an invoke body -> element tree under a nameless root; None on a stray closing tag.
+    """Namespaced tags of an invoke body -> element tree under a nameless root; None on a stray closing tag or
+    nesting deeper than MAX_DEPTH.
     A closing tag closes any inner elements still open; elements open at the end are closed there."""
     root = _Element("")
     stack = [root]
@@ -68,6 +70,8 @@ def _parse_elements(body: str) -> Optional[_Element]:
         pos = m.end()
         closing, tag = m.group(1) == "/", m.group(2)
         if not closing:
+            if len(stack) > MAX_DEPTH:
+                return None
             stack[-1].children.append(_Element(tag))
             stack.append(stack[-1].children[-1])
         elif tag in (e.name for e in stack[1:]):
