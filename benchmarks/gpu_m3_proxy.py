@@ -13,7 +13,7 @@ reference ops: the Triton kernels, the fused norms and the profiler run on CUDA 
 
 The proxy: `make_checkpoint(dir, "tp4-rank", config_only=True)` (= `ladle make-checkpoint minimax-m3 --preset
 tp4-rank --config-only DIR`: one TP4 rank's shapes, design/minimax_m3.md §5.2), loaded with `--load-format dummy`,
-`--dtype bfloat16` and `--hf-overrides` = `ladle.models.checkpoint_m3.layer_overrides("tp4-rank", L)` (the first L
+`--dtype bfloat16` and `--hf-overrides` = `ladle.tools.checkpoint_m3.layer_overrides("tp4-rank", L)` (the first L
 layers: 3 dense + L-3 MSA/MoE). L = 28 by default: bf16 weights 91.5 GiB (model built on the meta device here and
 summed, printed each run) + a KV/index-K pool for 128 requests x 8320 tokens at 20736 B/token = 20.6 GiB, leaving
 13.8 GiB of the 0.9 x 139.8 GiB budget for activations, CUDA context and graphs (L = 29 is the largest that fits
@@ -369,7 +369,7 @@ def main(argv=None) -> int:
         from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
 
         MiniMaxM3ForCausalLM.fuse_norms = False
-    from ladle.models.checkpoint_m3 import layer_overrides, make_checkpoint
+    from ladle.tools.checkpoint_m3 import layer_overrides, make_checkpoint
 
     t0 = time.time()
     DEADLINE[0] = t0 + args.time_budget_s
