@@ -1,9 +1,13 @@
 """ModelRunner: loads the model, sizes and allocates the KV cache, and executes one step.
 
-execute(SchedulerOutput) -> RunnerOutput:
-    update per-request state (new / finished / preempted) -> build inputs (input_batch.py) ->
-    model.forward under set_forward_context -> logits at logits_indices -> sampler ->
+execute(SchedulerOutput) -> RunnerOutput (ladle/core/outputs.py, the step contract):
+    update per-request state (new / finished / preempted) -> build inputs from the ScheduledChunks (input_batch.py:
+    token ids, positions, AttentionMetadata) -> model.forward under set_forward_context(ForwardContext(metadata,
+    KV caches, OpBackends)) or a CUDA-graph replay -> logits at logits_indices -> sampler ->
     ONE device->host copy (sampled ids, and logprobs packed into the same float32 buffer when asked).
+
+Op backends (`--attention-backend`, `--moe-backend`, `--fused-norms`) and the CUDA graph sizes come resolved in
+RunnerConfig (ladle/runner/op_backends.py); `self.backends` is the one OpBackends every forward context carries.
 
 Per-step host work is kept proportional to what changed: each live request owns a row of a persistent host
 block table that only gets its new block ids appended; the per-request sampling parameters go to the device
