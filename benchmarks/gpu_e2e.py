@@ -43,8 +43,8 @@ def bench_decode_step(model_dir, result):
     for c in caches:
         c.key_cache.normal_()
         c.value_cache.normal_()
-    graphs = CudaGraphRunner(model, caches, max_batch_size=max_b, max_blocks_per_seq=64, block_size=bs, device=dev,
-                             buckets=list(BATCHES))
+    graphs = CudaGraphRunner(model, caches, sizes=list(BATCHES), max_blocks_per_seq=64, block_size=bs, device=dev,
+                             backends=OpBackends.kernels())
     graphs.capture()
     out = result.setdefault("decode_step", [])
     for b in BATCHES:

@@ -13,13 +13,14 @@ reference ops: the Triton kernels, the fused norms and the profiler run on CUDA 
 
 The proxy: `make_checkpoint(dir, "tp4-rank", config_only=True)` (= `ladle make-checkpoint minimax-m3 --preset
 tp4-rank --config-only DIR`: one TP4 rank's shapes, design/minimax_m3.md §5.2), loaded with `--load-format dummy`,
-`--dtype bfloat16` and `--hf-overrides` = `ladle.models.checkpoint_m3.layer_overrides("tp4-rank", L)` (the first L
+`--dtype bfloat16` and `--hf-overrides` = `ladle.tools.checkpoint_m3.layer_overrides("tp4-rank", L)` (the first L
 layers: 3 dense + L-3 MSA/MoE). L = 28 by default: bf16 weights 91.5 GiB (model built on the meta device here and
 summed, printed each run) + a KV/index-K pool for 128 requests x 8320 tokens at 20736 B/token = 20.6 GiB, leaving
 13.8 GiB of the 0.9 x 139.8 GiB budget for activations, CUDA context and graphs (L = 29 is the largest that fits
 with a 6 GiB reserve; 30 does not). That is the plan used to pick L; the engine then profiles its real peak and gives
-the KV pool everything left under --gpu-mem-util (31.8 GiB on an H200 at L = 28). Only the decode batch sizes are captured as graph buckets (DEFAULT_BUCKETS is
-set to --batches before the engine starts); prefix caching is off.
+the KV pool everything left under --gpu-mem-util (31.8 GiB on an H200 at L = 28). Only the decode batch sizes are captured as graph buckets (the engine's
+`cuda_graph_sizes` = --batches; a single --batches value B captures 1 2 4 and the multiples of 8 up to B, vLLM's rule);
+prefix caching is off.
 
 Measured, all in this one run:
 * ceilings: device copy bandwidth (read + write) and bf16 GEMM rate (benchmarks/gpu_bench_common.py);
@@ -40,8 +41,8 @@ Measured, all in this one run:
   KV writes are left out (< 0.1 %).
 * per-kernel profile (--profile-batches, default 1 32 128): --profile-steps graph-replayed decode steps under
   torch.profiler, kernel durations summed by name and by group (benchmarks/gpu_kernel_profile.py);
-* --no-fused-norms: the same run with the M3 norms and RoPE as torch ops (MiniMaxM3ForCausalLM.fuse_norms = False),
-  for an A/B against the fused kernels in one call.
+* --no-fused-norms: the same run with the norms and RoPE as torch ops (the engine's `fused_norms=False`, i.e.
+  `--no-fused-norms`), for an A/B against the fused kernels in one call.
 The table is printed last; everything goes to --out as JSON. Results: benchmarks/results/m3_proxy/ (NOTES.md).
 """
 
@@ -283,12 +284,12 @@ def _wall(fn) -> float:
 
 # ------------------------------------------------------------------------------------------------------ main
 def build_llm(args, model_dir: str, overrides: dict, cuda: bool, enforce_eager: bool = False):
-    import ladle.runner.cuda_graph as cuda_graph
     from ladle.engine.llm import LLM
 
-    cuda_graph.DEFAULT_BUCKETS = tuple(sorted(set(args.batches)))  # capture only the timed batch sizes
     kw = dict(load_format="dummy", hf_overrides=json.dumps(overrides), max_model_len=args.ctx + 256,
-              max_num_seqs=max(args.batches), max_num_batched_tokens=args.ctx, enable_prefix_caching=False, seed=0)
+              max_num_seqs=max(args.batches), max_num_batched_tokens=args.ctx, enable_prefix_caching=False, seed=0,
+              cuda_graph_sizes=tuple(sorted(set(args.batches))),  # capture only the timed batch sizes
+              fused_norms=not args.no_fused_norms)
     if cuda:
         kw.update(device="cuda", dtype="bfloat16", gpu_memory_utilization=args.gpu_mem_util, enforce_eager=enforce_eager)
     else:
@@ -365,11 +366,7 @@ def main(argv=None) -> int:
         args.preset, args.layers, args.batches, args.ctx = "tiny", "3", [1, 4], 128
         args.steps, args.warm, args.rec_steps, args.prefill_reps = 4, 2, 2, 1
     cuda = torch.cuda.is_available() and not args.smoke
-    if args.no_fused_norms:
-        from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
-
-        MiniMaxM3ForCausalLM.fuse_norms = False
-    from ladle.models.checkpoint_m3 import layer_overrides, make_checkpoint
+    from ladle.tools.checkpoint_m3 import layer_overrides, make_checkpoint
 
     t0 = time.time()
     DEADLINE[0] = t0 + args.time_budget_s

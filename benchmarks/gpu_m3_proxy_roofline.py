@@ -123,8 +123,8 @@ def prefill_flops(cfg, num_tokens: int) -> dict:
 def memory_plan(preset: str, num_layers: int, batch: int, tokens_per_seq: int, total: int, util: float,
                 reserve: int) -> dict:
     """Build the full preset on the meta device (no memory) and size the L-layer proxy against `util * total`."""
-    from ladle.models.checkpoint_m3 import root_config, text_config
     from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
+    from ladle.tools.checkpoint_m3 import root_config, text_config
 
     full = MiniMaxM3ForCausalLM(root_config(text_config(preset), "bf16"), torch.bfloat16, "meta")
     wb, specs = weight_bytes(full), full.kv_cache_specs()

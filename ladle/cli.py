@@ -4,7 +4,7 @@
     ladle generate "PROMPT" [flags]             one-shot answer through the offline LLM API
     ladle bench ...                             load generator (ladle.bench.cli)
     ladle make-checkpoint llama --from-gguf GGUF --config-only OUT
-    ladle make-checkpoint minimax-m3 ...        (ladle.models.checkpoint_m3)
+    ladle make-checkpoint minimax-m3 ...        (ladle.tools.checkpoint_m3)
 
 Subcommands owned by other modules are imported lazily, so a missing module fails with a clear message
 instead of breaking the whole command.
@@ -100,7 +100,7 @@ def cmd_make_checkpoint(argv: list[str]) -> int:
         return 0 if argv else 2
     family, rest = argv[0], argv[1:]
     if family == "minimax-m3":
-        return _lazy("ladle.models.checkpoint_m3", "main", "`make-checkpoint minimax-m3`")(rest) or 0
+        return _lazy("ladle.tools.checkpoint_m3", "main", "`make-checkpoint minimax-m3`")(rest) or 0
     if family != "llama":
         sys.exit(f"ladle make-checkpoint: unknown family {family!r} (choose llama or minimax-m3)")
     parser = argparse.ArgumentParser(prog="ladle make-checkpoint llama")

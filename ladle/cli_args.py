@@ -3,8 +3,10 @@
 Every field of a component config (`COMPONENTS` plus `ServerConfig`) carries `metadata["flag"]` (vLLM's
 flag name where vLLM has one) and `metadata["help"]`. Types come from the field annotation:
 bool -> `--flag/--no-flag` (argparse.BooleanOptionalAction, as vLLM), int -> int (with vLLM's human-readable
-suffixes for the token/byte counts: 1k = 1000, 1K = 1024, 2G = 2**31), float -> float, else str. A flag
-without dashes (`model`) is an optional positional argument.
+suffixes for the token/byte counts: 1k = 1000, 1K = 1024, 2G = 2**31), float -> float, a tuple/list of ints ->
+one or more ints (`--cuda-graph-sizes 1 8 32`, nargs="+", stored as a tuple), else str. A flag without dashes
+(`model`) is an optional positional argument. Values with a fixed set of choices (the backends) are checked by
+config resolution, not by argparse, so a vLLM value ladle lacks gets a message naming what ladle offers.
 
 A real vLLM flag (`ladle/data/vllm_serve_flags.txt`) that ladle does not implement fails with
 "not supported yet: FLAG" instead of argparse's usage dump.
@@ -58,8 +60,11 @@ def human_readable_int(value: str) -> int:
 
 
 def _base_type(annotation: Any) -> str:
-    """'bool' | 'int' | 'float' | 'str' from a (string) annotation such as 'Optional[int]'."""
+    """'bool' | 'int' | 'float' | 'str' | 'ints' from a (string) annotation such as 'Optional[int]' or
+    'tuple[int, ...]' ('ints': a sequence of ints)."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    if re.match(r"(tuple|list)\[int\b", text):
+        return "ints"
     for name in ("bool", "int", "float"):
         if re.search(rf"\b{name}\b", text):
             return name
@@ -79,6 +84,12 @@ def config_fields() -> list[tuple[str, dataclasses.Field]]:
 def _default(f: dataclasses.Field) -> Any:
     """The field's default value (calling its default_factory if it has one)."""
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def _shown_default(f: dataclasses.Field) -> Any:
+    """The default as help and the README show it (a sequence of ints space-separated, as typed)."""
+    default = _default(f)
+    return " ".join(map(str, default)) if _base_type(f.type) == "ints" else default
 
 
 def _dest(comp: str, f: dataclasses.Field) -> str:
@@ -102,7 +113,7 @@ def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True
         if not flag.startswith("-"):
             parser.add_argument(_dest(comp, f), nargs="?", default=default, metavar=flag.upper(), help=help_text)
             continue
-        shown = help_text if "default" in help_text else f"{help_text} (default: {default})"
+        shown = help_text if "default" in help_text else f"{help_text} (default: {_shown_default(f)})"
         kw: dict[str, Any] = {"dest": _dest(comp, f), "default": default, "help": shown}
         if kind != "bool":
             kw["metavar"] = f.name.upper()
@@ -112,6 +123,8 @@ def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True
             kw["type"] = human_readable_int if f.name in _HUMAN_READABLE else int
         elif kind == "float":
             kw["type"] = float
+        elif kind == "ints":
+            kw.update(type=int, nargs="+", metavar="N")
         parser.add_argument(flag, *aliases.get(flag, []), **kw)
 
 
@@ -120,7 +133,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
     values: dict[str, dict[str, Any]] = {comp: {} for comp in list(COMPONENTS) + [_SERVER]}
     for comp, f in config_fields():
         default = _default(f)
-        values[comp][f.name] = getattr(args, _dest(comp, f), default)
+        value = getattr(args, _dest(comp, f), default)
+        values[comp][f.name] = tuple(value) if _base_type(f.type) == "ints" else value
     engine = EngineConfig(**{comp: cls(**values[comp]) for comp, cls in COMPONENTS.items()})
     return engine, ServerConfig(**values[_SERVER])
 
@@ -200,7 +214,7 @@ def flags_markdown() -> str:
     rows = ["| flag | default | meaning |", "|---|---|---|"]
     for comp, f in config_fields():
         flag = f.metadata["flag"]
-        default = _default(f)
+        default = _shown_default(f)
         if _base_type(f.type) == "bool" and flag.startswith("--"):
             flag = f"{flag} / --no-{flag[2:]}"
         if not flag.startswith("-"):

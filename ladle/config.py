@@ -71,10 +71,35 @@ class ParallelConfig:
     tensor_parallel_size: int = _f(1, "--tensor-parallel-size", "tensor parallel ranks (only 1 is supported yet)")
 
 
+# Decode batch sizes captured as CUDA graphs by default (then clamped to --max-num-seqs).
+DEFAULT_CUDA_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
-    """How the model runs: eager vs CUDA graphs, which fast paths are allowed."""
+    """How the model runs: which implementation each op family uses, eager vs CUDA graphs.
 
+    The backend fields take vLLM's flag names and value spelling; "auto" picks per device. Config resolution
+    (`ladle/runner/op_backends.py`, called from engine/config_resolve.py) validates them and replaces them by what
+    is in effect (what `/version` reports); the runner turns the resolved fields into one `OpBackends` that every
+    forward context carries.
+    """
+
+    attention_backend: str = _f(
+        "auto", "--attention-backend",
+        "attention ops: TRITON_ATTN (ladle's Triton kernels) or TORCH (their torch references); "
+        "default auto = TRITON_ATTN on CUDA, TORCH on CPU")
+    moe_backend: str = _f(
+        "auto", "--moe-backend",
+        "MoE router + experts: triton (fused kernels) or torch (references); default auto = triton on CUDA, torch on CPU")
+    fused_norms: bool = _f(
+        True, "--fused-norms",
+        "Triton fused residual-add + RMSNorm and per-head norm + RoPE kernels (default on; in effect where Triton "
+        "runs: on CUDA, or on CPU with a Triton attention/MoE backend chosen)")
+    cuda_graph_sizes: tuple[int, ...] = _f(
+        DEFAULT_CUDA_GRAPH_SIZES, "--cuda-graph-sizes",
+        "decode batch sizes captured as CUDA graphs; one value N means 1 2 4 and the multiples of 8 up to N "
+        "(vLLM's rule); sizes above --max-num-seqs capture --max-num-seqs")
     enforce_eager: bool = _f(False, "--enforce-eager", "never capture CUDA graphs")
     dispatch_report: bool = _f(False, "--dispatch-report", "print the fast-path dispatch table at shutdown")
 

@@ -25,6 +25,7 @@ ALLOWED = {
     "server": {"server", "engine", "core", "observe"},
     "bench": {"bench", "server"},
     "observe": {"observe", "core"},
+    "tools": {"tools", "models", "layers", "kernels", "observe"},  # offline writers behind `ladle make-checkpoint`
     "cli": None,  # argument wiring: may import anything
     "cli_args": None,
     "__main__": None,

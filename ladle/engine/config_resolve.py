@@ -1,4 +1,6 @@
-"""Resolve an EngineConfig against the model: device, dtype, max_model_len and block size become concrete.
+"""Resolve an EngineConfig against the model: device, dtype, max_model_len, block size and the runner's backend
+choices (--attention-backend, --moe-backend, --fused-norms, --cuda-graph-sizes; ladle/runner/op_backends.py)
+become concrete.
 
 `resolve_engine_config(config, source, model_cls)` returns a new EngineConfig (dataclasses.replace; the
 input is never mutated). User errors raise `ConfigError` (a ValueError) with a message that says why.
@@ -13,6 +15,7 @@ import torch
 
 from ladle.config import GiB, EngineConfig
 from ladle.models.hf_config import text_config_of
+from ladle.runner.op_backends import resolve_runner_config
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_CPU_KV_BYTES = 2 * GiB
@@ -108,4 +111,8 @@ def resolve_engine_config(config: EngineConfig, hf_config: dict, model_cls: Any 
     )
     if config.scheduler.max_num_batched_tokens < 1 or config.scheduler.max_num_seqs < 1:
         raise ConfigError("--max-num-batched-tokens and --max-num-seqs must be positive")
-    return dataclasses.replace(config, model=model, cache=cache)
+    try:
+        runner = resolve_runner_config(config.runner, torch.device(device).type, config.scheduler.max_num_seqs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return dataclasses.replace(config, model=model, cache=cache, runner=runner)

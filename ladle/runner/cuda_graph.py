@@ -3,10 +3,10 @@
 Hook (ModelRunner; eager stays available and is the only path with --enforce-eager):
 
     self.graphs = None
-    if self.device.type == "cuda" and not runner_config.enforce_eager and self.backends.graph_safe:
-        self.graphs = CudaGraphRunner(self.model, self.kv_caches, max_batch_size=max_num_seqs,
+    if runner_config.cuda_graph_sizes:              # resolved: empty on CPU, --enforce-eager, non-graph-safe backends
+        self.graphs = CudaGraphRunner(self.model, self.kv_caches, sizes=runner_config.cuda_graph_sizes,
                                       max_blocks_per_seq=cdiv(max_model_len, block_size), block_size=block_size,
-                                      device=self.device)
+                                      device=self.device, backends=self.backends)
         self.graphs.capture()                       # after the KV caches exist; ~1-2 s per bucket
     ...
     md = batch.attn_metadata
@@ -39,10 +39,8 @@ from ladle.observe import dispatch
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
-
 dispatch.register("cuda_graph_decode", "cuda_graph",
-                  "cuda; decode-only step (max_query_len == 1); num_reqs <= largest captured bucket; "
+                  "cuda; decode-only step (max_query_len == 1); num_reqs <= largest captured bucket (--cuda-graph-sizes); "
                   "block table width <= max_blocks_per_seq; not --enforce-eager")
 
 
@@ -52,26 +50,26 @@ class CudaGraphRunner:
     Args:
         model: the model; its forward reads metadata and caches through `get_forward_context()`.
         kv_caches: the runner's list of LayerKVCache (static tensors; captured by address).
-        max_batch_size: largest bucket (usually --max-num-seqs).
+        sizes: the batch sizes to capture (the buckets; the runner passes the resolved --cuda-graph-sizes); the
+            largest sizes the static buffers.
         max_blocks_per_seq: block-table width of the static buffer (cdiv(max_model_len, block_size)).
         block_size: KV block size in tokens.
         device: the CUDA device.
-        buckets: batch sizes to capture (default DEFAULT_BUCKETS up to max_batch_size, plus max_batch_size).
         backends: the OpBackends written into the captured ForwardContext; must be graph-safe.
     """
 
-    def __init__(self, model, kv_caches: list, *, max_batch_size: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device, buckets: Optional[Sequence[int]] = None, backends: Optional[OpBackends] = None) -> None:
+    def __init__(self, model, kv_caches: list, *, sizes: Sequence[int], max_blocks_per_seq: int, block_size: int,
+                 device: torch.device, backends: OpBackends) -> None:
         assert torch.device(device).type == "cuda", "CUDA graphs need a CUDA device"
+        assert sizes and min(sizes) >= 1, f"batch sizes to capture must be positive: {sizes}"
+        assert backends.graph_safe, f"backends {backends} cannot be captured"
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.max_blocks = max_blocks_per_seq
         self.device = torch.device(device)
-        self.backends = backends or OpBackends.kernels()
-        assert self.backends.graph_safe, f"backends {self.backends} cannot be captured"
-        wanted = [b for b in (buckets or DEFAULT_BUCKETS) if b <= max_batch_size]
-        self.buckets = sorted(set(wanted + ([] if buckets else [max_batch_size])))
+        self.backends = backends
+        self.buckets = sorted(set(int(s) for s in sizes))
         n = self.buckets[-1]
         dev = self.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)  # [n] int64

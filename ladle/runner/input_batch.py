@@ -1,4 +1,5 @@
-"""Build one step's model inputs from a SchedulerOutput: flat token ids, AttentionMetadata, logits indices.
+"""Build one step's model inputs from its scheduled chunks (`SchedulerOutput.chunks`, a list of ScheduledChunk): flat
+token ids, the AttentionMetadata that the runner wraps in the step's ForwardContext, logits indices.
 
 Flat layout for B chunks with query lengths q_0..q_{B-1} (T = sum q_i tokens):
 

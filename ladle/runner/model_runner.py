@@ -1,9 +1,13 @@
 """ModelRunner: loads the model, sizes and allocates the KV cache, and executes one step.
 
-execute(SchedulerOutput) -> RunnerOutput:
-    update per-request state (new / finished / preempted) -> build inputs (input_batch.py) ->
-    model.forward under set_forward_context -> logits at logits_indices -> sampler ->
+execute(SchedulerOutput) -> RunnerOutput (ladle/core/outputs.py, the step contract):
+    update per-request state (new / finished / preempted) -> build inputs from the ScheduledChunks (input_batch.py:
+    token ids, positions, AttentionMetadata) -> model.forward under set_forward_context(ForwardContext(metadata,
+    KV caches, OpBackends)) or a CUDA-graph replay -> logits at logits_indices -> sampler ->
     ONE device->host copy (sampled ids, and logprobs packed into the same float32 buffer when asked).
+
+Op backends (`--attention-backend`, `--moe-backend`, `--fused-norms`) and the CUDA graph sizes come resolved in
+RunnerConfig (ladle/runner/op_backends.py); `self.backends` is the one OpBackends every forward context carries.
 
 Per-step host work is kept proportional to what changed: each live request owns a row of a persistent host
 block table that only gets its new block ids appended; the per-request sampling parameters go to the device
@@ -17,7 +21,6 @@ profiled and the cache gets `gpu_memory_utilization * total - (peak torch memory
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import Optional, Sequence
 
@@ -27,10 +30,11 @@ import torch
 from ladle.config import CacheConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from ladle.core.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
 from ladle.core.sampling_params import SamplingParams
-from ladle.layers.attention.metadata import ForwardContext, OpBackends, set_forward_context
+from ladle.layers.attention.metadata import ForwardContext, set_forward_context
 from ladle.runner.input_batch import BatchInputs, build_batch_inputs
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
                                    num_blocks_for_bytes)
+from ladle.runner.op_backends import op_backends
 from ladle.runner.request_state import RequestState, StaticSampling, build_sampling_tensors, build_static_sampling
 from ladle.runner.sampler import Sampler, compute_logprobs, unpack_logprobs
 
@@ -42,7 +46,9 @@ class ModelRunner:
     """Owns the model, the KV caches, the sampler and per-request sampling state.
 
     Args (all resolved: device/dtype/max_model_len/block_size concrete; see engine/config_resolve.py):
-        model_config, cache_config, scheduler_config, runner_config: the engine's component configs.
+        model_config, cache_config, scheduler_config, runner_config: the engine's component configs; runner_config
+            as returned by `ladle.runner.op_backends.resolve_runner_config` (concrete backends, the CUDA graph
+            sizes to capture, empty for none).
         model: the loaded model (models/loader.py `load_model`), a CausalLM (models/interface.py).
         eos_token_ids: masked (with stop_token_ids) while a request has fewer than min_tokens outputs.
     Raises KVCacheTooSmall when one max_model_len sequence cannot fit the pool.
@@ -68,7 +74,7 @@ class ModelRunner:
         self._free_rows = list(range(self._block_table_cpu.shape[0] - 1, -1, -1))
         # (serials of the sampling rows, their StaticSampling, max top logprobs or None when none asked)
         self._static_cache: Optional[tuple[tuple[int, ...], StaticSampling, Optional[int]]] = None
-        self.backends = OpBackends.kernels() if self.device.type == "cuda" else OpBackends.reference()
+        self.backends = op_backends(runner_config)  # in every ForwardContext this runner builds
         self.graphs = None  # captured last, after the profiling forward
 
         capacity = cache_config.kv_cache_memory_bytes
@@ -86,16 +92,15 @@ class ModelRunner:
         self.graphs = self._maybe_capture_graphs()
 
     def _maybe_capture_graphs(self):
-        """Decode CUDA graphs (ladle/runner/cuda_graph.py) on CUDA with the graph-safe Triton attention,
-        unless --enforce-eager. None means every step runs eagerly."""
-        if self.device.type != "cuda" or self.runner_config.enforce_eager or not self.backends.graph_safe:
-            return None
-        if importlib.util.find_spec("ladle.kernels.paged_attention") is None:
-            logger.warning("no Triton paged attention kernel: CUDA graphs disabled")
+        """Decode CUDA graphs (ladle/runner/cuda_graph.py) for the resolved --cuda-graph-sizes (empty on CPU, with
+        --enforce-eager, or with the TORCH attention backend, which is not graph-safe). None means every step runs
+        eagerly."""
+        sizes = self.runner_config.cuda_graph_sizes
+        if not sizes or self.device.type != "cuda" or not self.backends.graph_safe:
             return None
         from ladle.runner.cuda_graph import CudaGraphRunner
 
-        graphs = CudaGraphRunner(self.model, self.kv_caches, max_batch_size=self.scheduler_config.max_num_seqs,
+        graphs = CudaGraphRunner(self.model, self.kv_caches, sizes=sizes,
                                  max_blocks_per_seq=-(-self.max_model_len // self.block_size),
                                  block_size=self.block_size, device=self.device, backends=self.backends)
         graphs.capture()

@@ -12,6 +12,7 @@ from ladle.core.scheduler import Scheduler
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.engine_factory import EngineBundle
 from ladle.runner.model_runner import ModelRunner
+from ladle.runner.op_backends import resolve_runner_config
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
@@ -42,8 +43,10 @@ def tiny_model(seed: int = 0, hf_config: Optional[dict] = None) -> torch.nn.Modu
 
 def make_bundle(model: torch.nn.Module, *, tokenizer: Any = None, max_model_len: int = 256, block_size: int = 16,
                 num_blocks: int = 64, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
-                enable_prefix_caching: bool = True, eos_token_ids: tuple = (), seed: int = 0) -> EngineBundle:
-    """An EngineBundle around an already built model (skips source resolution and loading)."""
+                enable_prefix_caching: bool = True, eos_token_ids: tuple = (), seed: int = 0,
+                runner: Optional[RunnerConfig] = None) -> EngineBundle:
+    """An EngineBundle around an already built model (skips source resolution and loading). `runner` (default:
+    --enforce-eager) is resolved for the CPU here."""
     specs = model.kv_cache_specs()
     per_block = block_size * sum(s.bytes_per_token(4) for s in specs)
     config = EngineConfig(
@@ -51,12 +54,12 @@ def make_bundle(model: torch.nn.Module, *, tokenizer: Any = None, max_model_len:
         cache=CacheConfig(block_size=block_size, kv_cache_memory_bytes=per_block * num_blocks,
                           enable_prefix_caching=enable_prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
-        runner=RunnerConfig(enforce_eager=True),
+        runner=resolve_runner_config(runner or RunnerConfig(enforce_eager=True), "cpu", max_num_seqs),
     )
-    runner = ModelRunner(config.model, config.cache, config.scheduler, config.runner, model, eos_token_ids)
-    scheduler = Scheduler(config.scheduler, block_size=block_size, num_blocks=runner.num_blocks,
+    model_runner = ModelRunner(config.model, config.cache, config.scheduler, config.runner, model, eos_token_ids)
+    scheduler = Scheduler(config.scheduler, block_size=block_size, num_blocks=model_runner.num_blocks,
                           max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching)
-    core = EngineCore(scheduler, runner, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
+    core = EngineCore(scheduler, model_runner, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
     return EngineBundle(core, tokenizer, config, "test-model", tuple(eos_token_ids))
 
 

@@ -68,8 +68,8 @@ def test_graph_replay_equals_eager():
         with torch.inference_mode(), set_forward_context(ForwardContext(m, caches, backends=OpBackends.kernels())):
             return model(input_ids, m.positions).clone()
 
-    graphs = CudaGraphRunner(model, caches, max_batch_size=8, max_blocks_per_seq=max_blocks, block_size=bs,
-                             device=dev, buckets=[1, 4, 8])
+    graphs = CudaGraphRunner(model, caches, sizes=[1, 4, 8], max_blocks_per_seq=max_blocks, block_size=bs,
+                             device=dev, backends=OpBackends.kernels())
     graphs.capture()
     assert graphs.can_run(md)
     with torch.inference_mode():

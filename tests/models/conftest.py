@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladle.models.checkpoint_m3 import make_checkpoint
+from ladle.tools.checkpoint_m3 import make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,6 @@ def ckpt(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def lm(ckpt):
     """The tiny checkpoint loaded as a float32 CPU MiniMaxM3ForCausalLM (the torch reference path)."""
-    from ladle.models.minimax_m3_paged import load_m3_dir
+    from drivers.minimax_m3_paged import load_m3_dir
 
     return load_m3_dir(ckpt, torch.float32)

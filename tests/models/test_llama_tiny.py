@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from ladle.layers.attention.testing import PagedTestCache
+from drivers.paged_test_cache import PagedTestCache
 from ladle.models.llama import LlamaForCausalLM
 
 BASE = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from ladle.config import ModelConfig
-from ladle.layers.attention.testing import PagedTestCache
+from drivers.paged_test_cache import PagedTestCache
 from ladle.models import loader
 from ladle.models.gguf import gguf_hf_name, unpermute_rope_rows
 from ladle.models.registry import resolve_model_class, supported_architectures

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from ladle.models.checkpoint_m3 import main as make_checkpoint_main, make_checkpoint, root_config, text_config
+from ladle.tools.checkpoint_m3 import main as make_checkpoint_main, make_checkpoint, root_config, text_config
 from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
 from ladle.models.minimax_m3_config import parse_m3_config
 
@@ -170,7 +170,7 @@ def _engine_ready() -> bool:
 def test_llm_generate_matches_manual_greedy(ckpt):
     from ladle.core.sampling_params import SamplingParams
     from ladle.engine.llm import LLM
-    from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
+    from drivers.minimax_m3_paged import PagedDriver, load_m3_dir
 
     llm = LLM(ckpt, kv_cache_memory_bytes=32 << 20)
     prompts = [[5, 6, 7, 8] * 40, list(range(10, 60))]

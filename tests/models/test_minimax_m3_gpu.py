@@ -10,7 +10,7 @@ import torch
 from ladle.layers.attention.metadata import OpBackends
 from m3_helpers import prompt, selection_sets
 
-from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
+from drivers.minimax_m3_paged import PagedDriver, load_m3_dir
 
 pytestmark = pytest.mark.gpu
 BLOCK = 16

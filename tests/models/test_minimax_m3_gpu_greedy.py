@@ -21,8 +21,8 @@ import torch
 from ladle.layers.attention.metadata import OpBackends
 from m3_helpers import selection_sets
 
-from ladle.models.checkpoint_m3 import make_checkpoint
-from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
+from ladle.tools.checkpoint_m3 import make_checkpoint
+from drivers.minimax_m3_paged import PagedDriver, load_m3_dir
 
 pytestmark = pytest.mark.gpu
 

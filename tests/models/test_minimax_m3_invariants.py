@@ -9,7 +9,7 @@ import torch
 from m3_helpers import prompt
 
 from ladle.layers.moe import MoE, swigluoai
-from ladle.models.minimax_m3_paged import PagedDriver
+from drivers.minimax_m3_paged import PagedDriver
 from ladle.models.minimax_m3_weights import dequant_block_fp8, quantize_mxfp8
 
 BLOCK, TOPK = 16, 4

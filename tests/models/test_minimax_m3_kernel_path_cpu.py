@@ -12,7 +12,7 @@ import torch
 from ladle.layers.attention.metadata import OpBackends
 from m3_helpers import selection_sets
 
-from ladle.models.minimax_m3_paged import PagedDriver, load_m3_dir
+from drivers.minimax_m3_paged import PagedDriver, load_m3_dir
 from ladle.observe import dispatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")

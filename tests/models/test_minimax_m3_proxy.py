@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ladle.config import ModelConfig
-from ladle.models.checkpoint_m3 import (cut_layers, layer_overrides, layer_overrides_json, main as make_checkpoint_main,
+from ladle.tools.checkpoint_m3 import (cut_layers, layer_overrides, layer_overrides_json, main as make_checkpoint_main,
                                         root_config, text_config)
 from ladle.models.loader import resolve_model_source
 from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM

@@ -15,7 +15,7 @@ Fewer layers (the one-GPU TP4-rank proxy, issue 6): a preset's layer plan is thr
 `sparse_attention_config.sparse_attention_freq` and `.sparse_disable_index_value`) that must be as long as
 `num_hidden_layers` (the parser refuses a mismatch), so overriding `num_hidden_layers` alone does not work. Two ways:
 * `--num-layers N` writes a config that keeps the preset's first N layers (lists cut to N);
-* or keep the full config and load it with `--hf-overrides "$(python -c 'from ladle.models.checkpoint_m3 import
+* or keep the full config and load it with `--hf-overrides "$(python -c 'from ladle.tools.checkpoint_m3 import
   layer_overrides_json; print(layer_overrides_json("tp4-rank", 28))')"`, i.e. for tp4-rank and N = 28 exactly
   (3 dense + 25 sparse/MoE layers; `1,` repeated 25 times in each list):
   `{"text_config": {"num_hidden_layers": 28, "moe_layer_freq": [0,0,0,1,...,1], "sparse_attention_config":
@@ -35,8 +35,8 @@ from typing import Iterator
 import torch
 from safetensors.torch import save_file
 
-from ladle.models.minimax_m3_tokenizer import write_tokenizer
 from ladle.models.minimax_m3_weights import quantize_mxfp8
+from ladle.tools.minimax_m3_tokenizer import write_tokenizer
 
 SHARD_BYTES = {"tiny": 300_000, "small": 200 << 20, "tp4-rank": 4 << 30}
 
