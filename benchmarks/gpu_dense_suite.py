@@ -27,12 +27,16 @@ from gpu_bench_common import (L2_BYTES, measure_bf16_gemm_tflops, measure_copy_b
                               time_graph_us, time_single_us)
 
 from ladle.kernels import apply_rope, apply_rope_ref, paged_attention, rms_norm, rms_norm_ref, rope_cos_sin_cache  # noqa: E402
-from ladle.kernels import sample, store_kvcache, store_kvcache_ref  # noqa: E402
+from ladle.kernels import store_kvcache, store_kvcache_ref  # noqa: E402
 from ladle.kernels.attention_decode import choose_num_splits, default_decode_config  # noqa: E402
 from ladle.kernels.attention_prefill import default_prefill_config, prefill_attention  # noqa: E402
 from ladle.kernels.sampling import race, race_ref  # noqa: E402
+from ladle.core.outputs import NewRequestData  # noqa: E402
+from ladle.core.sampling_params import SamplingParams  # noqa: E402
 from ladle.layers.attention.metadata import AttentionMetadata  # noqa: E402
 from ladle.observe import dispatch  # noqa: E402
+from ladle.runner.request_state import RequestState, build_sampling_tensors, build_static_sampling  # noqa: E402
+from ladle.runner.sampler import Sampler  # noqa: E402
 
 BF16 = torch.bfloat16
 ROWS: list[dict] = []
@@ -270,14 +274,32 @@ def bench_prefill(shape_name, q_len, ctx, tflops_ceiling):
     del kc, vc
 
 
+def engine_sampling_tensors(b, v, penalties, rng):
+    """SamplingTensors for b requests with mixed random SamplingParams (top-k off on a third of them, i.e. 0),
+    built as ModelRunner builds them: RequestState.from_new, the cached build_static_sampling, then
+    build_sampling_tensors with device positions. penalties: repetition/frequency/presence on every row, with
+    512-token prompts and 128 outputs (the penalty pass's count tensors)."""
+    states = []
+    for i in range(b):
+        sp = SamplingParams(temperature=rng.uniform(0.3, 1.3), top_k=rng.choice([0, rng.randint(1, 200)]),
+                            top_p=rng.uniform(0.5, 1.0), min_p=rng.uniform(0.0, 0.05), seed=rng.getrandbits(62),
+                            repetition_penalty=1.1 if penalties else 1.0, frequency_penalty=0.2 if penalties else 0.0,
+                            presence_penalty=0.1 if penalties else 0.0)
+        prompt = [rng.randrange(v) for _ in range(512)]
+        outputs = [rng.randrange(v) for _ in range(128)]
+        states.append(RequestState.from_new(NewRequestData(f"r{i}", prompt, outputs, sp), [0]))
+    static = build_static_sampling(states, v, torch.device("cuda"))
+    positions = torch.tensor([640] * b, dtype=torch.int64, device="cuda")
+    return build_sampling_tensors(states, positions, v, torch.device("cuda"), static)
+
+
 def bench_sampler(bw):
+    """The race alone, then the engine's Sampler.sample (penalties/bans + ladle.kernels.sampling.sample), each
+    checked in the same run against the torch reference draw (err = token mismatches)."""
+    import random
     b, v = 128, 49152
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = [torch.randn(b, v, device="cuda", generator=g) * 4 for _ in range(8)]
-    temp = torch.rand(b, device="cuda", generator=g) + 0.3
-    top_k = torch.randint(-1, 200, (b,), device="cuda", generator=g)
-    top_p = torch.rand(b, device="cuda", generator=g) * 0.5 + 0.5
-    min_p = torch.rand(b, device="cuda", generator=g) * 0.05
     seeds = torch.randint(0, 2**62, (b,), device="cuda", generator=g)
     steps = torch.randint(0, 1000, (b,), device="cuda", generator=g)
     probs = torch.softmax(logits[0], -1)
@@ -285,9 +307,13 @@ def bench_sampler(bw):
     fns = [lambda i=i: race(torch.softmax(logits[i], -1), seeds, steps) for i in range(8)]
     row("sample_race", f"B={b} V={v} x8 (softmax+race)", time_graph_us(fns), time_single_us(fns[0]),
         2 * b * v * 4 + b * v * 4, "GB/s", bw, err)
-    fns = [lambda i=i: sample(logits[i], temp, top_k, top_p, min_p, seeds, steps) for i in range(8)]
-    row("sample_full", f"B={b} V={v} x8 (sort top-k/p, min-p)", time_graph_us(fns), time_single_us(fns[0]),
-        b * v * 4, "GB/s", bw, 0.0)
+    sampler, reference = Sampler(torch.device("cuda")), Sampler(torch.device("cuda"), use_triton=False)
+    for name, penalties in (("sample_full", False), ("sample_full+pen", True)):
+        t = engine_sampling_tensors(b, v, penalties, random.Random(1))
+        err = float((sampler.sample(logits[0], t) != reference.sample(logits[0], t)).sum())  # token mismatches
+        fns = [lambda i=i, t=t: sampler.sample(logits[i], t) for i in range(8)]
+        row(name, f"B={b} V={v} x8 Sampler.sample", time_graph_us(fns), time_single_us(fns[0]), b * v * 4, "GB/s",
+            bw, err)
 
 
 def main() -> None:

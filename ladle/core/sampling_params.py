@@ -11,7 +11,10 @@ class SamplingParams:
     """How one request samples and when it stops.
 
     Sampling order (ARCHITECTURE.md): penalties -> temperature -> min_p -> top_k -> top_p.
-    temperature == 0 means greedy. top_k <= 0 (or -1) means no top-k; top_p == 1 no top-p; min_p == 0 none.
+    temperature == 0 means greedy; top_p == 1 no top-p; min_p == 0 none.
+    top_k == 0 means no top-k: the one encoding of "off" from here through SamplingTensors to the kernels (0 is
+    the zero of a count, needs no vocabulary size, and a zero-filled tensor row reads as "off"). -1, which
+    OpenAI-compatible servers such as vLLM have accepted for "off", is accepted here and normalised to 0.
     `seed`: per-request seed; the engine gives choice i of `n` the seed `seed + i`.
     `max_tokens` None: filled by the engine with max_model_len - prompt length.
     `logprobs`: number of top logprobs per generated token (the sampled token's logprob is always
@@ -22,7 +25,7 @@ class SamplingParams:
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = 0
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -58,10 +61,10 @@ class SamplingParams:
             bad(f"temperature must be non-negative, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            if self.top_k != 0:
-                bad(f"top_k must be -1 (disable) or at least 1, got {self.top_k}")
-            object.__setattr__(self, "top_k", -1)  # vLLM accepts 0 as "disabled"
+        if self.top_k < -1:
+            bad(f"top_k must be 0 or -1 (disable) or at least 1, got {self.top_k}")
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)  # the edge's second spelling of "off"
         if not 0 <= self.min_p <= 1:
             bad(f"min_p must be in [0, 1], got {self.min_p}")
         if not -2 <= self.presence_penalty <= 2:

@@ -67,7 +67,7 @@ class StaticSampling:
     runner builds it once per batch composition instead of every step. Device tensors [N]; host flags."""
 
     temperature: torch.Tensor  # [N] float32
-    top_k: torch.Tensor  # [N] int64
+    top_k: torch.Tensor  # [N] int64, 0 = off (SamplingParams' encoding, passed through unchanged)
     top_p: torch.Tensor  # [N] float32
     min_p: torch.Tensor  # [N] float32
     presence_penalty: torch.Tensor  # [N] float32
@@ -88,7 +88,7 @@ def build_static_sampling(states: list[RequestState], vocab_size: int, device: t
     plus the padded prompt ids when some row has penalties (a prompt never changes, so they are cached too)."""
     sps = [s.sampling_params for s in states]
     temps = [float(sp.temperature) for sp in sps]
-    top_k = [vocab_size if sp.top_k is None or sp.top_k < 1 else min(sp.top_k, vocab_size) for sp in sps]
+    top_k = [min(sp.top_k, vocab_size) for sp in sps]  # 0 = off (as in SamplingParams); k >= vocab keeps all
     floats = torch.tensor([temps, [sp.top_p for sp in sps], [sp.min_p for sp in sps],
                            [sp.presence_penalty for sp in sps], [sp.frequency_penalty for sp in sps],
                            [sp.repetition_penalty for sp in sps]], dtype=torch.float32).to(device)
@@ -101,7 +101,7 @@ def build_static_sampling(states: list[RequestState], vocab_size: int, device: t
         frequency_penalty=floats[4], repetition_penalty=floats[5], top_k=ints[0, :n], seeds=ints[1, :n],
         all_greedy=all(t == 0 for t in temps),
         has_penalties=has_penalties,
-        has_top_k=any(k < vocab_size for k in top_k),
+        has_top_k=any(0 < k < vocab_size for k in top_k),
         has_top_p=any(sp.top_p < 1 for sp in sps),
         has_min_p=any(sp.min_p > 0 for sp in sps),
         may_ban=any(s.banned_before_min and s.sampling_params.min_tokens > 0 for s in states),

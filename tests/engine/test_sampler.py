@@ -191,3 +191,31 @@ def test_logprobs_are_raw_log_softmax_with_rank():
         assert [e[2] for e in entries[1:]] == [1, 2, 3, 4]
         for e, v in zip(entries[1:], top.values.tolist()):
             assert abs(e[1] - v) < 1e-5
+
+
+def test_top_k_off_is_zero_from_params_to_tensors():
+    """One encoding: -1 and 0 at the edge both become 0 in SamplingParams and in SamplingTensors.top_k."""
+    assert SamplingParams().top_k == 0
+    assert SamplingParams(top_k=-1).top_k == 0 and SamplingParams(top_k=0).top_k == 0
+    with pytest.raises(ValueError):
+        SamplingParams(top_k=-2)
+    sps = [SamplingParams(top_k=-1), SamplingParams(top_k=0), SamplingParams(top_k=V + 9)]
+    t = build_sampling_tensors([_state(f"r{i}", sp) for i, sp in enumerate(sps)], [4] * 3, V, torch.device("cpu"))
+    assert t.top_k.tolist() == [0, 0, V] and not t.has_top_k
+    t = build_sampling_tensors([_state("k", SamplingParams(top_k=7))], [4], V, torch.device("cpu"))
+    assert t.top_k.tolist() == [7] and t.has_top_k
+
+
+def test_triton_draw_equals_reference_draw():
+    """The Sampler's two backends (the Triton race, interpreted on CPU, and its torch reference) hash alike."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(5, V, generator=gen) * 2
+    sps = [SamplingParams(temperature=0.9, top_k=9, seed=11), SamplingParams(temperature=1.2, top_p=0.7),
+           SamplingParams(temperature=0), SamplingParams(temperature=0.6, min_p=0.1, repetition_penalty=1.4),
+           SamplingParams(temperature=1.0, seed=2**70 + 5)]
+    states = [_state(f"r{i}", sp, outputs=(4, 4, 9)) for i, sp in enumerate(sps)]
+    for pos in range(6):
+        t = build_sampling_tensors(states, [pos + 3] * 5, V, torch.device("cpu"))
+        ref = Sampler(torch.device("cpu")).sample(logits, t)
+        tri = Sampler(torch.device("cpu"), use_triton=True).sample(logits, t)
+        assert torch.equal(tri, ref)

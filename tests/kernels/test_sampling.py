@@ -33,7 +33,7 @@ def test_filters_match_brute_force():
     b, v = 6, 40
     logits = torch.randn(b, v, generator=g) * 2
     temp = torch.tensor([1.0, 0.7, 1.3, 0.0, 2.0, 1.0])
-    top_k = torch.tensor([-1, 5, 0, 3, 40, 1], dtype=torch.int32)
+    top_k = torch.tensor([0, 5, 0, 3, 40, 1], dtype=torch.int32)
     top_p = torch.tensor([1.0, 0.9, 0.5, 1.0, 0.3, 0.8])
     min_p = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2])
     got = filtered_probs(logits, temp, top_k, top_p, min_p)
@@ -70,7 +70,7 @@ def test_sample_greedy_seeded_and_batch_invariant():
     v = 300
     logits = torch.randn(4, v, generator=g)
     temp = torch.tensor([0.0, 1.0, 0.8, 1.0])
-    top_k = torch.tensor([-1, 50, -1, 10])
+    top_k = torch.tensor([0, 50, 0, 10])
     top_p = torch.tensor([1.0, 0.95, 0.9, 1.0])
     min_p = torch.zeros(4)
     seeds = torch.tensor([5, 6, 7, 8], dtype=torch.int64)
@@ -91,9 +91,41 @@ def test_gpu_sample_matches_cpu():
     g = torch.Generator().manual_seed(3)
     b, v = 64, 49152
     logits = torch.randn(b, v, generator=g) * 3
-    args = (torch.rand(b, generator=g) + 0.2, torch.randint(-1, 100, (b,), generator=g),
+    args = (torch.rand(b, generator=g) + 0.2, torch.randint(0, 100, (b,), generator=g),
             torch.rand(b, generator=g) * 0.5 + 0.5, torch.rand(b, generator=g) * 0.1,
             torch.randint(0, 2**62, (b,), generator=g), torch.randint(0, 4096, (b,), generator=g))
     cpu = sample(logits, *args)
     gpu = sample(logits.cuda(), *(a.cuda() for a in args))
     assert (gpu.cpu() == cpu).float().mean() > 0.97  # float summation order may flip a rare near-tie
+
+
+def _tie_closed_keep(probs, k, p):
+    """One row, float64, from the definitions with ties kept whole: top-k keeps every token >= the k-th largest;
+    top-p keeps a token when the mass of strictly more likely tokens is below p of the (top-k) total."""
+    vals = sorted(probs, reverse=True)
+    kth = vals[min(k, len(vals)) - 1] if k > 0 else 0.0
+    kept = [x if x >= kth else 0.0 for x in probs]
+    total = sum(kept)
+    return [x if x > 0 and sum(y for y in kept if y > x) < p * total else 0.0 for x in kept]
+
+
+def test_ties_are_kept_whole_and_order_free():
+    """bf16-rounded logits tie often; the kept set must not depend on the sort's order among equal values."""
+    g = torch.Generator().manual_seed(5)
+    b, v = 8, 64
+    logits = (torch.randn(b, v, generator=g) * 2).to(torch.bfloat16).float()
+    top = logits.max(dim=1, keepdim=True).values
+    logits[:, :6] = top + 0.5  # a six-way tie at the top of each row ...
+    logits[1::2, 0] = top[1::2, 0] + 1.0  # ... or just below the most likely token on odd rows
+    temp = torch.rand(b, generator=g) + 0.5
+    top_k = torch.tensor([0, 3, 4, 7, 1, 2, 5, 64])
+    top_p = torch.tensor([0.3, 1.0, 0.6, 0.5, 1.0, 0.9, 0.2, 0.95])
+    min_p = torch.zeros(b)
+    got = filtered_probs(logits, temp, top_k, top_p, min_p, use_min_p=False)
+    for i in range(b):
+        probs = torch.softmax(logits[i] / temp[i], -1)
+        want = torch.tensor(_tie_closed_keep(probs.tolist(), int(top_k[i]), float(top_p[i])))
+        assert torch.equal(got[i] > 0, want > 0), f"row {i} kept set differs"
+    perm = torch.randperm(v, generator=g)
+    again = filtered_probs(logits[:, perm], temp, top_k, top_p, min_p, use_min_p=False)
+    assert torch.equal(again > 0, got[:, perm] > 0), "kept set depends on column order"
