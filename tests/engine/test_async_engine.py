@@ -74,7 +74,11 @@ def test_cancel_and_abort_free_blocks(model):
             # 2. a task cancelled while waiting for output (n=2: both children go)
             task = asyncio.create_task(_consume(engine.generate([4, 5], SamplingParams(
                 temperature=1.0, n=2, max_tokens=200, ignore_eos=True))))
-            await asyncio.sleep(0.2)
+            for _ in range(500):  # cancel while both children run (a fixed sleep raced the 200 tokens on a fast host)
+                if engine.get_stats().num_running == 2:
+                    break
+                await asyncio.sleep(0.001)
+            assert engine.get_stats().num_running == 2
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
