@@ -132,9 +132,10 @@ def test_gpu_real_block_size_and_graph():
 
 
 def test_agrees_with_model_reference_selection():
-    """Cross-check with the M3 model's torch selection (ladle/layers/attention/msa.py, written independently):
-    same sets per (group, token). Skipped while that module is absent."""
-    msa = pytest.importorskip("ladle.layers.attention.msa")
+    """Cross-check with the reference's building blocks applied to the contiguous (unpaged) key sequence
+    (`msa_block_scores` + `msa_select_blocks`, the selection the M3 model's torch path runs): same sets per
+    (group, token)."""
+    import ladle.kernels.msa_indexer as msa
     torch.manual_seed(7)
     b = build([(0, 70)], BS, max_blocks=5)
     T, H, topk = b.num_tokens, 2, 3

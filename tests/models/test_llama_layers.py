@@ -11,10 +11,11 @@ import math
 import pytest
 import torch
 
+from ladle.kernels.kv_store import store_kvcache_ref as store_kv_ref
+from ladle.kernels.paged_attention import paged_attention_ref
 from ladle.layers.activation import silu_and_mul
 from ladle.layers.attention.layer import Attention
 from ladle.layers.attention.metadata import LayerCacheSpec, OpBackends, set_forward_context
-from ladle.layers.attention.paged_ref import paged_attention_ref, store_kv_ref
 from ladle.layers.attention.testing import PagedTestCache
 from ladle.layers.norm import RMSNorm
 from ladle.layers.rotary import RotaryEmbedding, compute_inv_freq
@@ -142,7 +143,7 @@ def test_batched_decode_path_equals_per_request_loop(monkeypatch):
     _, _, ctx = cache.build([("a", [0]), ("b", [0]), ("c", [0])], num_padding=2)
     q = torch.randn(5, hq, d)
     batched = paged_attention_ref(q, layer.key_cache, layer.value_cache, ctx.attn_metadata, 0.3)
-    import ladle.layers.attention.paged_ref as pr
+    import ladle.kernels.paged_attention as pr  # the module (the package re-exports the function)
 
     monkeypatch.setattr(pr, "_MAX_BATCHED_GATHER_ELEMS", 0)  # force the loop
     looped = paged_attention_ref(q, layer.key_cache, layer.value_cache, ctx.attn_metadata, 0.3)
@@ -151,27 +152,28 @@ def test_batched_decode_path_equals_per_request_loop(monkeypatch):
 
 
 def test_attention_layer_triton_seam_calls_kernel_entry_points(monkeypatch):
-    """backends=OpBackends.kernels() routes through the kernel entry points named in layer.py (faked here)."""
+    """backends=OpBackends.kernels() routes through the kernel entry points the layer calls (faked here), with
+    Triton asked for."""
     import ladle.layers.attention.layer as layer_mod
 
     calls = []
 
-    def fake_store(*args):
-        calls.append("store")
+    def fake_store(*args, use_triton):
+        calls.append(("store", use_triton))
         store_kv_ref(*args)
 
-    def fake_attend(*args):
-        calls.append("attend")
+    def fake_attend(*args, use_triton):
+        calls.append(("attend", use_triton))
         return paged_attention_ref(*args)
 
-    monkeypatch.setitem(layer_mod._OPTIONAL_CACHE, "ladle.kernels.kv_store:store_kv", fake_store)
-    monkeypatch.setitem(layer_mod._OPTIONAL_CACHE, "ladle.kernels.paged_attention:paged_attention", fake_attend)
+    monkeypatch.setattr(layer_mod, "store_kvcache", fake_store)
+    monkeypatch.setattr(layer_mod, "paged_attention", fake_attend)
     attn = Attention(4, 2, 8, 8**-0.5, layer_idx=0)
     cache = PagedTestCache([LayerCacheSpec(2, 8)], num_blocks=8, block_size=4, backends=OpBackends.kernels())
     _, _, ctx = cache.build([("a", [0] * 5)])
     q, k, v = torch.randn(5, 32), torch.randn(5, 16), torch.randn(5, 16)
     with set_forward_context(ctx):
         out = attn(q, k, v)
-    assert calls == ["store", "attend"]
+    assert calls == [("store", True), ("attend", True)]
     ref = _dense_causal_ref(q.view(5, 4, 8), k.view(5, 2, 8), v.view(5, 2, 8), 8**-0.5)
     torch.testing.assert_close(out.view(5, 4, 8).double(), ref, rtol=1e-5, atol=1e-5)
