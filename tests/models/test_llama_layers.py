@@ -143,7 +143,9 @@ def test_batched_decode_path_equals_per_request_loop(monkeypatch):
     _, _, ctx = cache.build([("a", [0]), ("b", [0]), ("c", [0])], num_padding=2)
     q = torch.randn(5, hq, d)
     batched = paged_attention_ref(q, layer.key_cache, layer.value_cache, ctx.attn_metadata, 0.3)
-    import ladle.kernels.paged_attention as pr  # the module (the package re-exports the function)
+    import importlib
+
+    pr = importlib.import_module("ladle.kernels.paged_attention")  # the module (the package re-exports the function)
 
     monkeypatch.setattr(pr, "_MAX_BATCHED_GATHER_ELEMS", 0)  # force the loop
     looped = paged_attention_ref(q, layer.key_cache, layer.value_cache, ctx.attn_metadata, 0.3)
