@@ -383,6 +383,7 @@ def msa_select_blocks(block_scores: torch.Tensor, q_positions: torch.Tensor, blo
     """Top-k of `msa_block_scores` output [ni, Tq, nb] with blocks b_t - l (l < local_blocks, clamped at 0) forced
     and lower ids winning ties. q_positions [Tq] int (a token with position < 0 selects nothing). Returns
     selected_block_ids [ni, Tq, topk] int32 in the module docstring layout (ascending, local block last, -1)."""
+    assert 1 <= local_blocks <= topk, (local_blocks, topk)
     ni, tq, nb = block_scores.shape
     q_block = (q_positions.long() // block_size)[None, :, None]  # [1, Tq, 1]
     blocks = torch.arange(nb, device=block_scores.device)
