@@ -156,11 +156,10 @@ def _select_row(row, out_row, n_vis, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, 
             chosen = chosen | ((bid == idx) & (i < n_valid))
             s = tl.where(bid == idx, float("-inf"), s)
     # ascending layout: a chosen block's slot is the number of chosen blocks below it (the local block, the largest
-    # visible id, lands in the last valid slot)
-    dst = tl.where(chosen, tl.cumsum(chosen.to(tl.int32), axis=0) - 1, -1)
-    hit = dst[None, :] == slot[:, None]  # [TOPK_P2, NB_P2]
-    sel = tl.sum(tl.where(hit, bid[None, :] + 1, 0), axis=1) - 1
-    tl.store(out_row + slot, sel, mask=slot < TOPK)
+    # visible id, lands in the last valid slot); one scatter store, then -1 in the n_valid .. TOPK-1 slots
+    dst = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    tl.store(out_row + dst, bid, mask=chosen)
+    tl.store(out_row + slot, tl.full([TOPK_P2], -1, tl.int32), mask=(slot >= n_valid) & (slot < TOPK))
 
 
 @triton.jit
