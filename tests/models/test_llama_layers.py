@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from ladle.kernels.kv_store import store_kvcache_ref as store_kv_ref
+from ladle.kernels.kv_store import store_kvcache_ref
 from ladle.kernels.paged_attention import paged_attention_ref
 from ladle.layers.activation import silu_and_mul
 from ladle.layers.attention.layer import Attention
@@ -108,7 +108,8 @@ def test_paged_attention_ref_against_dense_float64():
                for key, n in {"b": 9, "c": 5, "d": 12}.items()}
     for key, (k, v) in history.items():  # earlier steps: store only
         _, _, ctx = cache.build([(key, [0] * k.shape[0])])
-        store_kv_ref(k, v, cache.kv_caches[0].key_cache, cache.kv_caches[0].value_cache, ctx.attn_metadata.slot_mapping)
+        layer0 = cache.kv_caches[0]
+        store_kvcache_ref(k, v, layer0.key_cache, layer0.value_cache, ctx.attn_metadata.slot_mapping)
     new = {"a": 7, "b": 6, "c": 1, "d": 1}
     chunks = [(key, [0] * n) for key, n in new.items()]
     _, _, ctx = cache.build(chunks, num_padding=3)
@@ -116,7 +117,7 @@ def test_paged_attention_ref_against_dense_float64():
     T = md.slot_mapping.shape[0]
     k_new, v_new, q = torch.randn(T, hkv, d, generator=g), torch.randn(T, hkv, d, generator=g), torch.randn(T, hq, d, generator=g)
     before = layer.key_cache.clone()
-    store_kv_ref(k_new, v_new, layer.key_cache, layer.value_cache, md.slot_mapping)
+    store_kvcache_ref(k_new, v_new, layer.key_cache, layer.value_cache, md.slot_mapping)
     written = set(md.slot_mapping[md.slot_mapping >= 0].tolist())
     changed = (layer.key_cache != before).view(-1, hkv * d).any(-1).nonzero().flatten().tolist()
     assert set(changed) <= written and len(changed) == len(written)  # padding wrote nothing
@@ -162,7 +163,7 @@ def test_attention_layer_triton_seam_calls_kernel_entry_points(monkeypatch):
 
     def fake_store(*args, use_triton):
         calls.append(("store", use_triton))
-        store_kv_ref(*args)
+        store_kvcache_ref(*args)
 
     def fake_attend(*args, use_triton):
         calls.append(("attend", use_triton))
