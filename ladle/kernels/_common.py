@@ -1,15 +1,40 @@
-"""Helpers shared by the kernel launchers: where Triton may run, dispatch recording, cache-shape checks, and
-small launch facts (SM count, tl.dot precision, log2(e))."""
+"""Helpers shared by the kernel launchers: the one guarded `import triton`, where Triton may run, dispatch
+recording, cache-shape checks, and small launch facts (SM count, tl.dot precision, log2(e)).
+
+Kernel modules take `triton` and `tl` from here. On an install without Triton (the package marks it Linux-only)
+they are `_NoTriton` stand-ins: `@triton.jit` returns the function unchanged, so every op module still imports and
+its torch reference runs; no kernel launches, because `triton_ok` then reports "triton not installed".
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
 from ladle.config import env_flag
 from ladle.observe import dispatch
+
+
+class _NoTriton:
+    """Import-time stand-in for `triton` and `triton.language` (see module docstring); never launched."""
+
+    def jit(self, fn: Any = None, **_kwargs: Any) -> Any:
+        return fn if fn is not None else (lambda f: f)
+
+    def __getattr__(self, name: str) -> "_NoTriton":
+        return self
+
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised by tests/kernels/test_kv_store.py in a subprocess
+    triton = tl = _NoTriton()  # type: ignore[assignment]
+    HAS_TRITON = False
 
 LOG2E = 1.4426950408889634  # log2(e): softmax in base 2 folds it into the scale
 
@@ -38,6 +63,8 @@ def cpu_interpreter(allowed: bool = True) -> Iterator[None]:
 def triton_ok(*tensors: torch.Tensor) -> Optional[str]:
     """Device part of every Triton eligibility rule: all tensors on one CUDA device, or all on the CPU while the
     Triton interpreter is on and allowed (`cpu_interpreter`). Returns None when eligible, else the reason."""
+    if not HAS_TRITON:
+        return "triton not installed"
     devices = {t.device.type for t in tensors}
     if devices == {"cuda"}:
         return None

@@ -16,10 +16,8 @@ length 0 (CUDA-graph padding row) writes zeros.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import LOG2E, dot_precision, num_sms
+from ladle.kernels._common import LOG2E, dot_precision, num_sms, tl, triton
 
 
 @triton.jit

@@ -20,10 +20,8 @@ Per tile: keys below `ctx + first_query_of_tile + 1` are visible to every row (u
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import LOG2E, dot_precision
+from ladle.kernels._common import LOG2E, dot_precision, tl, triton
 
 
 @triton.jit

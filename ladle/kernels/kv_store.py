@@ -14,10 +14,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import check_cache_pair, decide_triton, triton_ok
+from ladle.kernels._common import check_cache_pair, decide_triton, tl, triton, triton_ok
 from ladle.observe import dispatch
 
 dispatch.register(
@@ -79,6 +77,8 @@ def store_kvcache(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    use_triton: bool = True,
 ) -> None:
     """Write k, v into the paged caches in place.
 
@@ -86,57 +86,69 @@ def store_kvcache(
       contiguous and heads packed; another float dtype is cast to the cache's). key_cache, value_cache:
       [num_blocks, block_size, num_kv_heads, head_dim] contiguous. slot_mapping: [>= T] int32/int64 (the first T
       entries are used; CUDA-graph buffers may be longer), -1 = skip. Mutates key_cache and value_cache.
-    Runs the Triton kernel when eligible (recorded in ladle.observe.dispatch), else the torch reference.
+    use_triton: the backend asked for (`OpBackends.triton_attention`). Runs the Triton kernel when asked for and
+    eligible (decision recorded in ladle.observe.dispatch as op "kv_store"), else `store_kvcache_ref`.
     """
     check_cache_pair(key_cache, value_cache)
     assert k.shape == v.shape and k.dim() == 3, f"k {tuple(k.shape)} / v {tuple(v.shape)} must be [T, Hkv, D]"
     assert k.shape[1:] == key_cache.shape[2:], f"k heads/dim {tuple(k.shape[1:])} != cache {tuple(key_cache.shape[2:])}"
     assert slot_mapping.dim() == 1 and slot_mapping.shape[0] >= k.shape[0], "slot_mapping must be [>= T]"
-    slot_mapping = slot_mapping[: k.shape[0]]
-    if k.dtype != key_cache.dtype or v.dtype != key_cache.dtype:
-        k, v = k.to(key_cache.dtype), v.to(key_cache.dtype)
     assert slot_mapping.dtype in (torch.int32, torch.int64)
+    slot_mapping = slot_mapping[: k.shape[0]]
     reason = triton_ok(k, v, key_cache, value_cache, slot_mapping)
-    if not decide_triton("kv_store", k.shape[0], True, reason):
+    if not decide_triton("kv_store", k.shape[0], use_triton, reason):
         store_kvcache_ref(k, v, key_cache, value_cache, slot_mapping)
         return
+    if k.dtype != key_cache.dtype or v.dtype != key_cache.dtype:
+        k, v = k.to(key_cache.dtype), v.to(key_cache.dtype)
     width = key_cache.shape[2] * key_cache.shape[3]
     _launch(_rows(k), _rows(v), key_cache.view(-1, width), value_cache.view(-1, width), slot_mapping)
 
 
-def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write MSA index keys in place. index_k [T, index_head_dim]; index_key_cache [num_blocks, block_size,
-    index_head_dim] contiguous; slot_mapping [>= T] (the first T entries are used, as in `store_kvcache`), -1 = skip."""
+def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                       use_triton: bool = True) -> None:
+    """Write MSA index keys in place. index_k [T, index_head_dim] (unit last stride), the cache's dtype;
+    index_key_cache [num_blocks, block_size, index_head_dim] contiguous; slot_mapping [>= T] int32/int64 (the first
+    T entries are used, as in `store_kvcache`), -1 = skip. Same rule and fallback as `store_kvcache`, recorded as
+    op "index_k_store"."""
     assert index_key_cache.dim() == 3 and index_key_cache.is_contiguous()
     assert index_k.dim() == 2 and index_k.shape[1] == index_key_cache.shape[2] and index_k.stride(1) == 1
     assert slot_mapping.dim() == 1 and slot_mapping.shape[0] >= index_k.shape[0], "slot_mapping must be [>= T]"
     assert index_k.dtype == index_key_cache.dtype
     slot_mapping = slot_mapping[: index_k.shape[0]]
     reason = triton_ok(index_k, index_key_cache, slot_mapping)
-    if not decide_triton("index_k_store", index_k.shape[0], True, reason):
+    if not decide_triton("index_k_store", index_k.shape[0], use_triton, reason):
         store_index_kcache_ref(index_k, index_key_cache, slot_mapping)
         return
     _launch(index_k, None, index_key_cache.view(-1, index_key_cache.shape[2]), None, slot_mapping)
 
 
-store_kv = store_kvcache  # the name ladle/layers/attention/layer.py looks up
-
-
 # ----------------------------------------------------------------------------------------------------------------
-# torch references (also the CPU path when Triton is not eligible)
+# torch references (the TORCH backend, and the fallback when the Triton rule fails)
 
 
-def store_kvcache_ref(k, v, key_cache, value_cache, slot_mapping) -> None:
-    """Plain-torch equivalent of `store_kvcache` (index_put on the flattened slot axis)."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    key_cache.view(-1, *key_cache.shape[2:])[slots] = k[keep]
-    value_cache.view(-1, *value_cache.shape[2:])[slots] = v[keep]
+def _store_rows_ref(rows: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache [num_blocks, block_size, *row] contiguous; rows [T, *row] (cast to the cache dtype); slot_mapping
+    [>= T], -1 = skip. Sync-free (no boolean indexing, so no device-to-host copy of a mask count): a padding row
+    rewrites slot 0 with its own current contents. Slot 0 belongs to block 0, the null block that is never
+    allocated to a request (ARCHITECTURE.md), so that write changes nothing."""
+    flat = cache.view(-1, *cache.shape[2:])
+    slots = slot_mapping[: rows.shape[0]].to(torch.int64)
+    valid = (slots >= 0).view(-1, *([1] * (rows.dim() - 1)))
+    src = torch.where(valid, rows.to(flat.dtype), flat[0])
+    flat.index_copy_(0, slots.clamp(min=0), src)
 
 
-def store_index_kcache_ref(index_k, index_key_cache, slot_mapping) -> None:
-    keep = slot_mapping >= 0
-    index_key_cache.view(-1, index_key_cache.shape[2])[slot_mapping[keep].long()] = index_k[keep]
+def store_kvcache_ref(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """Plain-torch `store_kvcache` (same arguments, same effect): index_copy_ on the flattened slot axis."""
+    _store_rows_ref(k, key_cache, slot_mapping)
+    _store_rows_ref(v, value_cache, slot_mapping)
+
+
+def store_index_kcache_ref(index_k: torch.Tensor, index_key_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Plain-torch `store_index_kcache`."""
+    _store_rows_ref(index_k, index_key_cache, slot_mapping)
 
 
 dispatch.register("index_k_store", "triton", "same rule as kv_store")

@@ -4,18 +4,24 @@ Math (design/minimax_m3.md §3.5): for query token t at absolute position p_t, g
 position j <= p_t, s_g(t, j) = index_q[t, g] . index_k[j] (fp32 accumulation, no scaling, no ReLU). Blocks are
 anchored at absolute position 0 with width block_size (= the KV block = the MSA block, 128 in the real model):
 S_g(t, b) = max_{j in block b, j <= p_t} s_g(t, j) for b = 0 .. b_t, where b_t = p_t // block_size is the local
-block, which is forced (+inf). The kept blocks are the local block plus the best (topk - 1) other visible blocks,
-i.e. exactly min(topk, b_t + 1) distinct blocks.
+block. The blocks b_t - l for l < local_blocks (clamped at 0) are forced (+inf); M3 has local_blocks = 1, the
+query's own block, which is all the kernel forces (its eligibility rule). The kept blocks are the forced blocks plus
+the best other visible blocks, exactly min(topk, b_t + 1) distinct blocks.
 
 Output layout (ARCHITECTURE.md, "MSA selection"): `selected_block_ids [num_kv_heads, num_tokens, topk] int32` of
-*logical* block ids (readers map them through `block_table`):
+*logical* block ids (readers map them through `block_table`), valid entries left-packed in ascending block order,
+so the local block b_t (the largest visible block) sits in the last valid slot, -1 after:
 
-    slot:   0      1     ...   n-2        n-1        n .. topk-1
-            best   2nd   ...   (n-1)th    local b_t  -1 ... -1        n = min(topk, b_t + 1)
+    token at p_t = 37, block 16, topk 4, visible blocks 0, 1, 2 (b_t = 2):  [0, 1, 2, -1]
+    token at p_t = 150, visible 0..9, best others {7, 2, 5}:              [2, 5, 7, 9]
 
-Non-local entries are in descending score order. Ties: equal scores are broken toward the LOWER block id (both in
-the kernel and in the reference), so selections are deterministic; tests still compare sets.
-Tokens at or past query_start_loc[-1] (CUDA-graph padding) and tokens with position < 0 get all -1.
+Ties: equal scores are broken toward the LOWER block id (kernel and reference alike), so selections are
+deterministic and the kernel equals the reference slot for slot on exact data; comparisons with transformers
+(whose torch.topk orders ties arbitrarily) are set-based. Tokens at or past query_start_loc[-1] (CUDA-graph
+padding) and tokens with position < 0 get all -1.
+
+`msa_indexer` is the entry point (use_triton + the eligibility rule `msa_indexer_ineligible`, recorded as op
+"msa_indexer"); `msa_indexer_ref` the torch reference built from `msa_block_scores` and `msa_select_blocks`.
 
 Kernels (fixed grids for a given (num_tokens, num_reqs, max_blocks) shape, no host sync, so the call can be
 captured in a CUDA graph). Two-launch path:
@@ -45,10 +51,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import decide_triton, interpreting, num_sms, pow2_dot_reason, triton_ok
+from ladle.kernels._common import decide_triton, interpreting, num_sms, pow2_dot_reason, tl, triton, triton_ok
+from ladle.kernels.paged_attention import gather_sequence
 from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
 
@@ -61,7 +66,7 @@ VEC_SEARCH_MAX_REQS = 4096
 # launches (num_tokens <= num_reqs); False: always the two-launch path.
 FUSED_TOPK = True
 COUNTER_KEY = OP
-dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and index dim")
+dispatch.register(OP, "triton", "local_blocks == 1; cuda (or cpu+TRITON_INTERPRET); pow2 block_size and index dim")
 
 
 @triton.jit
@@ -128,7 +133,7 @@ def _select_tile(score_ptr, pos_ptr, out_ptr, t0, n_tok, num_tokens, max_blocks,
 def _select_row(row, out_row, n_vis, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NB_P2: tl.constexpr,
                 RANK_SELECT: tl.constexpr, CACHE: tl.constexpr):
     """Select one row: scores row[0 .. n_vis) (fp32; block n_vis - 1 is the local block, forced), writes
-    out_row[0 .. TOPK) in the layout of the module docstring (lowest id among equal scores)."""
+    out_row[0 .. TOPK) in the ascending layout of the module docstring (lowest id among equal scores)."""
     n_valid = tl.minimum(n_vis, TOPK)
     bid = tl.arange(0, NB_P2)
     s = tl.load(row + bid, mask=bid < n_vis, other=float("-inf"), cache_modifier=CACHE)
@@ -136,25 +141,25 @@ def _select_row(row, out_row, n_vis, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, 
     slot = tl.arange(0, TOPK_P2)
     if RANK_SELECT:
         # one pass, no serial loop: rank_j = #{i : s_i > s_j, or s_i == s_j and i < j} (lower id wins ties);
-        # rank 0 is the local block (the only +inf), which goes to the last valid slot
+        # the n_valid best ranks are chosen (rank 0 is the local block, the only +inf)
         bid_i = tl.arange(0, NB_P2)
         s_i = tl.load(row + bid_i, mask=bid_i < n_vis, other=float("-inf"), cache_modifier=CACHE)
         s_i = tl.where(bid_i == n_vis - 1, float("inf"), s_i)
         better = (s_i[:, None] > s[None, :]) | ((s_i[:, None] == s[None, :]) & (bid_i[:, None] < bid[None, :]))
         rank = tl.sum(better.to(tl.int32), axis=0)  # [NB_P2] over j
-        dst = tl.where(rank == 0, n_valid - 1, rank - 1)
-        dst = tl.where(rank < n_valid, dst, -1)
-        hit = dst[None, :] == slot[:, None]  # [TOPK_P2, NB_P2]
-        sel = tl.sum(tl.where(hit, bid[None, :] + 1, 0), axis=1) - 1
+        chosen = rank < n_valid
     else:
-        sel = tl.full([TOPK_P2], -1, tl.int32)
+        chosen = bid < 0  # all False
         for i in tl.static_range(TOPK):
             best = tl.max(s, axis=0)
             idx = tl.min(tl.where(s == best, bid, NB_P2), axis=0)  # lower block id wins ties
-            dst = tl.where(i == 0, n_valid - 1, i - 1)  # local block (found first) goes to the last valid slot
-            sel = tl.where((slot == dst) & (i < n_valid), idx, sel)
+            chosen = chosen | ((bid == idx) & (i < n_valid))
             s = tl.where(bid == idx, float("-inf"), s)
-    tl.store(out_row + slot, sel, mask=slot < TOPK)
+    # ascending layout: a chosen block's slot is the number of chosen blocks below it (the local block, the largest
+    # visible id, lands in the last valid slot); one scatter store, then -1 in the n_valid .. TOPK-1 slots
+    dst = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    tl.store(out_row + dst, bid, mask=chosen)
+    tl.store(out_row + slot, tl.full([TOPK_P2], -1, tl.int32), mask=(slot >= n_valid) & (slot < TOPK))
 
 
 @triton.jit
@@ -254,11 +259,6 @@ def default_num_splits(num_tokens: int, num_reqs: int, max_blocks: int, block_q:
     return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(max(max_blocks, 1))))
 
 
-def msa_indexer_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor) -> Optional[str]:
-    """Eligibility rule of the Triton path: None when it may run, else the reason."""
-    return triton_ok(index_q, index_k_cache) or pow2_dot_reason(index_q, index_k_cache, "index_head_dim")
-
-
 def msa_indexer_triton(
     index_q: torch.Tensor,  # [T, Hkv, D] bf16/fp16/fp32
     index_k_cache: torch.Tensor,  # [num_blocks, block_size, D], same dtype
@@ -336,48 +336,85 @@ def msa_indexer_triton(
     return out
 
 
-def msa_indexer_ref(
-    index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
-    query_start_loc: torch.Tensor, topk: int,
-) -> torch.Tensor:
-    """Plain-torch reference (float64 scores, per-token loop; slow, for tests). Same contract and tie rule as
-    `msa_indexer_triton`: returns [Hkv, T, topk] int32."""
-    T, H, D = index_q.shape
-    bs = index_k_cache.shape[1]
-    out = torch.full((H, T, topk), -1, dtype=torch.int32)
-    qsl = query_start_loc.tolist()
-    pos_all = positions.tolist()
-    q64 = index_q.detach().double().cpu()
-    kc = index_k_cache.detach().cpu()
-    bt = block_table.cpu()
-    for r in range(len(qsl) - 1):
-        for t in range(qsl[r], qsl[r + 1]):
-            p = pos_all[t]
-            if p < 0:
-                continue
-            n_vis = p // bs + 1
-            pages = bt[r, :n_vis].long()
-            keys = kc[pages].double().reshape(n_vis * bs, D)[: p + 1]  # [p+1, D]
-            s = q64[t] @ keys.T  # [H, p+1]
-            pad = torch.full((H, n_vis * bs - (p + 1)), float("-inf"), dtype=torch.float64)
-            blk = torch.cat([s, pad], dim=1).reshape(H, n_vis, bs).amax(dim=2)  # [H, n_vis]
-            blk[:, n_vis - 1] = float("inf")
-            order = torch.sort(blk, dim=1, descending=True, stable=True).indices  # ties: lower id first
-            n = min(topk, n_vis)
-            chosen = order[:, :n]  # [H, n], local first (+inf)
-            out[:, t, : n - 1] = chosen[:, 1:].int()
-            out[:, t, n - 1] = n_vis - 1
-    return out.to(index_q.device)
+def msa_indexer_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor,
+                           local_blocks: int = 1) -> Optional[str]:
+    """Eligibility rule of the Triton path: None when it may run, else the reason."""
+    if local_blocks != 1:
+        return f"local_blocks {local_blocks} (the kernel forces the own block only)"
+    return triton_ok(index_q, index_k_cache) or pow2_dot_reason(index_q, index_k_cache, "index_head_dim")
 
 
 def msa_indexer(
     index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
-    query_start_loc: torch.Tensor, topk: int, *, use_triton: bool = True, **kwargs,
+    query_start_loc: torch.Tensor, topk: int, *, local_blocks: int = 1, use_triton: bool = True, **kwargs,
 ) -> torch.Tensor:
-    """Dispatching entry point: the Triton kernel when configured and eligible, else the reference; the decision
-    is recorded in ladle.observe.dispatch under op "msa_indexer"."""
-    reason = msa_indexer_ineligible(index_q, index_k_cache)
-    run_fast = decide_triton(OP, index_q.shape[0], use_triton, reason)
-    if run_fast:
+    """Block selection for this step's tokens: `msa_indexer_triton` when asked for (`use_triton`, the backend) and
+    `msa_indexer_ineligible` passes, else `msa_indexer_ref`; recorded as op "msa_indexer". Arguments as
+    `msa_indexer_triton` plus local_blocks (forced blocks per token); kwargs are Triton launch options.
+    Returns selected_block_ids [Hkv, T, topk] int32 (module docstring layout)."""
+    reason = msa_indexer_ineligible(index_q, index_k_cache, local_blocks)
+    if decide_triton(OP, index_q.shape[0], use_triton, reason):
         return msa_indexer_triton(index_q, index_k_cache, block_table, positions, query_start_loc, topk, **kwargs)
-    return msa_indexer_ref(index_q, index_k_cache, block_table, positions, query_start_loc, topk)
+    return msa_indexer_ref(index_q, index_k_cache, block_table, positions, query_start_loc, topk, local_blocks)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch reference (design/minimax_m3.md §3.5; transformers `MiniMaxM3VLIndexer.forward`)
+
+
+def msa_block_scores(index_q: torch.Tensor, index_k: torch.Tensor, q_positions: torch.Tensor,
+                     block_size: int) -> torch.Tensor:
+    """Block-pooled index scores S_g(t, b) of one sequence: index_q [Tq, ni, di], index_k [S, di] (keys of positions
+    0 .. S-1), q_positions [Tq] int (< S). Returns [ni, Tq, ceil(S / block_size)] float32 (float64 for float64
+    inputs), -inf where a block holds no visible key."""
+    s = index_k.shape[0]
+    ct = torch.float64 if index_q.dtype == torch.float64 else torch.float32
+    scores = torch.einsum("tgd,sd->gts", index_q.to(ct), index_k.to(ct))  # [ni, Tq, S]
+    future = torch.arange(s, device=index_k.device)[None, :] > q_positions[:, None]  # [Tq, S]
+    scores = scores.masked_fill(future[None], float("-inf"))
+    nb = -(-s // block_size)
+    scores = torch.nn.functional.pad(scores, (0, nb * block_size - s), value=float("-inf"))
+    return scores.view(scores.shape[0], scores.shape[1], nb, block_size).amax(dim=-1)
+
+
+def msa_select_blocks(block_scores: torch.Tensor, q_positions: torch.Tensor, block_size: int, topk: int,
+                      local_blocks: int) -> torch.Tensor:
+    """Top-k of `msa_block_scores` output [ni, Tq, nb] with blocks b_t - l (l < local_blocks, clamped at 0) forced
+    and lower ids winning ties. q_positions [Tq] int (a token with position < 0 selects nothing). Returns
+    selected_block_ids [ni, Tq, topk] int32 in the module docstring layout (ascending, local block last, -1)."""
+    assert 1 <= local_blocks <= topk, (local_blocks, topk)
+    ni, tq, nb = block_scores.shape
+    q_block = (q_positions.long() // block_size)[None, :, None]  # [1, Tq, 1]
+    blocks = torch.arange(nb, device=block_scores.device)
+    forced = (blocks <= q_block) & (blocks > q_block - local_blocks)
+    scores = block_scores.masked_fill(forced, float("inf")).masked_fill(blocks > q_block, float("-inf"))
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices  # ties: lower block id first
+    n_valid = (q_block + 1).clamp(min=0, max=topk)  # [1, Tq, 1]
+    k = min(topk, nb)
+    top = torch.where(torch.arange(k, device=order.device) < n_valid, order[..., :k], nb)  # nb = "none"
+    top = torch.sort(top, dim=-1).values
+    out = torch.full((ni, tq, topk), -1, dtype=torch.int32, device=block_scores.device)
+    out[..., :k] = torch.where(top < nb, top, -1).to(torch.int32)
+    return out
+
+
+def msa_indexer_ref(
+    index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
+    query_start_loc: torch.Tensor, topk: int, local_blocks: int = 1,
+) -> torch.Tensor:
+    """Plain-torch `msa_indexer` (same contract; local_blocks >= 1): per request, gather index-K through the block
+    table up to its last query position, `msa_block_scores`, `msa_select_blocks`. Reads query_start_loc and
+    positions on the host (a sync; reference only). Returns [Hkv, T, topk] int32."""
+    T, H, _ = index_q.shape
+    out = torch.full((H, T, topk), -1, dtype=torch.int32, device=index_q.device)
+    qsl, pos_host = query_start_loc.tolist(), positions.tolist()
+    bs = index_k_cache.shape[1]
+    for r in range(len(qsl) - 1):
+        t0, t1 = qsl[r], qsl[r + 1]
+        if t1 == t0 or max(pos_host[t0:t1]) < 0:
+            continue
+        keys = gather_sequence(index_k_cache, block_table[r], max(pos_host[t0:t1]) + 1)
+        pos = positions[t0:t1].long()
+        scores = msa_block_scores(index_q[t0:t1], keys, pos, bs)
+        out[:, t0:t1] = msa_select_blocks(scores, pos, bs, topk, local_blocks)
+    return out

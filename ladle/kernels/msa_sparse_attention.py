@@ -23,6 +23,9 @@ default the module flag FUSED_MERGE = True):
     op, so CUDA-graph replays need nothing extra). See ladle/kernels/split_counters.py.
   * two-launch: `_merge_kernel`, grid (T, Hq), as a second launch.
 
+`msa_sparse_attention` is the entry point (use_triton + the eligibility rule `msa_sparse_attention_ineligible`,
+recorded as op "msa_sparse_attention"); `msa_sparse_attention_ref` the torch reference.
+
 Request lookup: a program finds its token's request by a binary search over query_start_loc (log2(B) dependent
 loads), or, when B < VEC_SEARCH_MAX_REQS (or `vec_search=True`), by one vector load of query_start_loc.
 """
@@ -33,12 +36,11 @@ import math
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import (LOG2E, check_cache_pair, decide_triton, interpreting, num_sms,
-                                   pow2_dot_reason, triton_ok)
+from ladle.kernels._common import (LOG2E, check_cache_pair, decide_triton, interpreting, num_sms, pow2_dot_reason,
+                                   tl, triton, triton_ok)
 from ladle.kernels.msa_sparse_attention_merge import _merge_kernel, merge_group
+from ladle.kernels.paged_attention import gather_sequence, masked_attention_ref, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
 
@@ -258,51 +260,56 @@ def msa_sparse_attention_triton(
     return out
 
 
-def msa_sparse_attention_ref(
-    q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
-    selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
-    scale: Optional[float] = None,
-) -> torch.Tensor:
-    """Plain-torch reference in float64 (per-token loop, for tests). Same contract as the Triton path."""
-    T, Hq, D = q.shape
-    _, bs, Hkv, _ = key_cache.shape
-    G = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    out = torch.zeros((T, Hq, D), dtype=torch.float64)
-    qsl = query_start_loc.tolist()
-    pos_all = positions.tolist()
-    sel_all = selected_block_ids.cpu()
-    kc, vc, bt = key_cache.cpu().double(), value_cache.cpu().double(), block_table.cpu().long()
-    q64 = q.cpu().double()
-    for r in range(len(qsl) - 1):
-        for t in range(qsl[r], qsl[r + 1]):
-            p = pos_all[t]
-            if p < 0:
-                continue
-            for g in range(Hkv):
-                blocks = [b for b in sel_all[g, t].tolist() if b >= 0]
-                if not blocks:
-                    continue
-                j = torch.cat([torch.arange(b * bs, (b + 1) * bs) for b in blocks])
-                pages = bt[r, j // bs]
-                keep = j <= p
-                k = kc[pages[keep], j[keep] % bs, g]  # [n, D]
-                v = vc[pages[keep], j[keep] % bs, g]
-                qs = q64[t, g * G:(g + 1) * G]  # [G, D]
-                w = torch.softmax(qs @ k.T * scale, dim=-1)
-                out[t, g * G:(g + 1) * G] = w @ v
-    return out.to(q.dtype).to(q.device)
-
-
 def msa_sparse_attention(
     q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
     selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
     scale: Optional[float] = None, *, use_triton: bool = True, **kwargs,
 ) -> torch.Tensor:
-    """Dispatching entry point (records op "msa_sparse_attention" in ladle.observe.dispatch)."""
+    """Sparse attention over the selected blocks: `msa_sparse_attention_triton` when asked for (`use_triton`, the
+    backend) and `msa_sparse_attention_ineligible` passes, else `msa_sparse_attention_ref`; recorded as op
+    "msa_sparse_attention". Arguments as `msa_sparse_attention_triton`; kwargs are Triton launch options.
+    Returns [T, Hq, D] in q's dtype."""
     reason = msa_sparse_attention_ineligible(q, key_cache)
-    run_fast = decide_triton(OP, q.shape[0], use_triton, reason)
     args = (q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, scale)
-    if run_fast:
+    if decide_triton(OP, q.shape[0], use_triton, reason):
         return msa_sparse_attention_triton(*args, **kwargs)
     return msa_sparse_attention_ref(*args)
+
+
+def selection_key_mask(selected_block_ids: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """Expand selections to keys: [G, Tq, topk] int block ids (-1 = none) -> [G, Tq, seq_len] bool, True where the
+    key's block is selected. Causality is not applied here."""
+    nb = -(-seq_len // block_size)
+    ids = selected_block_ids.long()
+    ids = torch.where((ids < 0) | (ids >= nb), nb, ids)  # none / out of range -> a throwaway column
+    keep = torch.zeros(*ids.shape[:2], nb + 1, dtype=torch.bool, device=ids.device)
+    keep.scatter_(-1, ids, True)
+    return keep[..., :nb].repeat_interleave(block_size, dim=-1)[..., :seq_len]
+
+
+def msa_sparse_attention_ref(
+    q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+    selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Plain-torch `msa_sparse_attention` (same contract): per request, gather K/V through the block table up to
+    its last query position and attend under (selected block) AND (j <= p_t), math in float32 (float64 for float64
+    inputs; `masked_attention_ref`). Reads query_start_loc and positions on the host (a sync; reference only).
+    Tokens outside every request, with position < 0 or with no selected block give 0."""
+    T, Hq, D = q.shape
+    bs = key_cache.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = torch.zeros((T, Hq, D), dtype=reference_dtype(q.dtype), device=q.device)
+    qsl, pos_host = query_start_loc.tolist(), positions.tolist()
+    for r in range(len(qsl) - 1):
+        t0, t1 = qsl[r], qsl[r + 1]
+        if t1 == t0 or max(pos_host[t0:t1]) < 0:
+            continue
+        seq_len = max(pos_host[t0:t1]) + 1
+        k = gather_sequence(key_cache, block_table[r], seq_len)
+        v = gather_sequence(value_cache, block_table[r], seq_len)
+        pos = positions[t0:t1].long()
+        causal = torch.arange(seq_len, device=q.device)[None, :] <= pos[:, None]  # [Tq, S]; pos < 0: nothing
+        mask = selection_key_mask(selected_block_ids[:, t0:t1], seq_len, bs) & causal[None]
+        out[t0:t1] = masked_attention_ref(q[t0:t1], k, v, mask, scale)
+    return out.to(q.dtype)

@@ -17,8 +17,8 @@ Two device forms:
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from ladle.kernels._common import tl, triton
 
 
 @triton.jit

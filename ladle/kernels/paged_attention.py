@@ -9,8 +9,9 @@ Which kernel (host-side facts only, no device sync):
   otherwise                         -> varlen causal kernel (prefill, chunked prefill, prefix hits, mixed)
 Neither launch grid depends on sequence lengths, so both are capturable given static metadata buffers.
 
-`paged_attention_ref` is the plain-torch reference (float32 math, one Python loop over requests using the host
-mirrors `*_cpu`); it is the fallback when the Triton rule fails and the oracle in tests.
+`paged_attention_ref` is the plain-torch reference (see its docstring for the paging rule); it is the TORCH
+backend, the fallback when the Triton rule fails and the oracle in tests. `gather_sequence` and
+`masked_attention_ref` are shared with the MSA references (ladle/kernels/msa_indexer.py, msa_sparse_attention.py).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def paged_attention(
     attn_metadata,
     scale: float,
     out: Optional[torch.Tensor] = None,
+    *,
+    use_triton: bool = True,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over the paged cache.
 
@@ -73,14 +76,16 @@ def paged_attention(
     [num_blocks, block_size, Hkv, D], q's dtype. attn_metadata: an AttentionMetadata (query_start_loc [B+1],
     seq_lens [B], block_table [B, max_blocks], all int32; block_size; max_query_len; host mirrors for the
     reference). scale: softmax scale (usually D**-0.5). Returns out [T, Hq, D] in q's dtype; padding rows past
-    `num_actual_tokens` are zero. Runs Triton when `eligibility` passes (recorded), else `paged_attention_ref`.
+    `num_actual_tokens` are zero. use_triton: the backend asked for (`OpBackends.triton_attention`); Triton runs
+    when asked for and `eligibility` passes (recorded as op "attn_decode" / "attn_prefill"), else
+    `paged_attention_ref`.
     """
     _check(q, key_cache, value_cache, attn_metadata)
     md = attn_metadata
     decode = md.max_query_len == 1
     op = "attn_decode" if decode else "attn_prefill"
     reason = eligibility(q, key_cache, md)
-    if not decide_triton(op, q.shape[0], True, reason):
+    if not decide_triton(op, q.shape[0], use_triton, reason):
         return paged_attention_ref(q, key_cache, value_cache, md, scale, out=out)
     if out is None:
         out = torch.empty_like(q)
@@ -91,34 +96,99 @@ def paged_attention(
     return kernel(q, key_cache, value_cache, md.block_table, md.query_start_loc, md.seq_lens, scale, out=out)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# torch reference
+#
+# Paging rule (ARCHITECTURE.md): request i's context (cached tokens, then this step's, seq_lens[i] in all) lives in
+# blocks block_table[i, 0 : ceil(seq_lens[i] / block_size)], logical token j at slot
+# block_table[i, j // block_size] * block_size + j % block_size. Query t of request i (t < q_len) is logical token
+# context_len + t, context_len = seq_lens[i] - q_len, and attends to logical keys 0 .. context_len + t (causal).
+# Prefill, chunked prefill, prefix-cache hits and decode are all this one rule.
+
+# The batched decode path gathers [B, max_seq_len, Hkv, D] at once; above this many elements the reference uses
+# the per-request loop instead, to bound memory.
+_MAX_BATCHED_GATHER_ELEMS = 1 << 26
+
+
+def reference_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Math dtype of the attention references: float32, or float64 for float64 inputs (test oracles)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def gather_sequence(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [num_blocks, block_size, *row] + block_ids [>= ceil(seq_len / block_size)] int -> [seq_len, *row]:
+    the rows of logical positions 0 .. seq_len-1 in order (K, V or MSA index-K)."""
+    bs = cache.shape[1]
+    nb = -(-seq_len // bs)
+    rows = cache.index_select(0, block_ids[:nb].long())
+    return rows.reshape(nb * bs, *cache.shape[2:])[:seq_len]
+
+
+def masked_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    """Softmax attention of one request under an explicit key mask, math in `reference_dtype(q.dtype)`.
+
+    q [Tq, Hq, D]; k, v [S, Hkv, D] (Hq a multiple of Hkv; query head h reads KV head h // (Hq / Hkv));
+    mask [Hkv or 1, Tq, S] bool, True = attend. Returns [Tq, Hq, D] in the math dtype; a row with no key gives 0.
+    """
+    tq, hq, d = q.shape
+    hkv = k.shape[1]
+    ct = reference_dtype(q.dtype)
+    qg = q.to(ct).view(tq, hkv, hq // hkv, d)
+    scores = torch.einsum("tkgd,skd->kgts", qg, k.to(ct)) * scale  # [Hkv, G, Tq, S]
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows: NaN -> 0
+    out = torch.einsum("kgts,skd->tkgd", probs, v.to(ct))
+    return out.reshape(tq, hq, d)
+
+
+def _decode_batched(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, md,
+                    num_reqs: int, scale: float) -> torch.Tensor:
+    """Decode-only steps (query i = request i's last token): one gather and one masked softmax for the whole batch,
+    no per-request loop and no host sync (the CPU engine's decode speed). Returns [num_reqs, Hq, D] (math dtype)."""
+    _, block_size, hkv, d = key_cache.shape
+    hq = q.shape[1]
+    ct = reference_dtype(q.dtype)
+    num_blocks = -(-md.max_seq_len // block_size)
+    block_ids = md.block_table[:num_reqs, :num_blocks].long()  # [B, nb]
+    k = key_cache[block_ids].reshape(num_reqs, -1, hkv, d).to(ct)  # [B, nb*bs, Hkv, D]
+    v = value_cache[block_ids].reshape(num_reqs, -1, hkv, d).to(ct)
+    qg = q[:num_reqs].to(ct).view(num_reqs, hkv, hq // hkv, d)
+    scores = torch.einsum("bhgd,bkhd->bhgk", qg, k) * scale  # [B, Hkv, G, nb*bs]
+    k_pos = torch.arange(k.shape[1], device=q.device).view(1, -1)
+    valid = (k_pos < md.seq_lens[:num_reqs].long().view(-1, 1)).view(num_reqs, 1, 1, -1)
+    probs = torch.softmax(scores.masked_fill(~valid, float("-inf")), dim=-1)
+    return torch.einsum("bhgk,bkhd->bhgd", probs, v).reshape(num_reqs, hq, d)
+
+
 def paged_attention_ref(q, key_cache, value_cache, attn_metadata, scale, out=None) -> torch.Tensor:
-    """Plain-torch reference: gathers each request's keys through its block table and runs causal softmax
-    attention in float32. Uses the host mirrors (`query_start_loc_cpu`, `seq_lens_cpu`) when present, else reads
-    the device tensors (a sync; reference only). Returns [T, Hq, D] in q's dtype, zeros in uncovered rows."""
+    """Plain-torch `paged_attention` (same arguments and result): the paging rule above, softmax attention with
+    math in float32 (float64 for float64 inputs). Decode-only steps take one batched gather (no host sync); other
+    steps loop over requests using the host mirrors (`query_start_loc_cpu`, `seq_lens_cpu`) when present, else
+    the device tensors (a sync; reference only). Returns [T, Hq, D] in q's dtype; rows outside every request
+    (padding) are zero."""
     md = attn_metadata
-    qsl = md.query_start_loc_cpu or md.query_start_loc.tolist()
-    seq_lens = md.seq_lens_cpu or md.seq_lens.tolist()
-    num_q_heads, head_dim = q.shape[1:]
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    res = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    for i, seq_len in enumerate(seq_lens):
-        start, end = qsl[i], qsl[i + 1]
-        q_len = end - start
-        if q_len == 0 or seq_len == 0:
-            continue
-        num_blocks = -(-seq_len // block_size)
-        blocks = md.block_table[i, :num_blocks].long()
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        k = k.repeat_interleave(group, dim=1)  # [S, Hq, D]
-        v = v.repeat_interleave(group, dim=1)
-        qi = q[start:end].float()  # [q_len, Hq, D]
-        scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
-        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-        res[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    _, block_size, hkv, d = key_cache.shape
+    assert q.shape[1] % hkv == 0 and block_size == md.block_size, (tuple(q.shape), tuple(key_cache.shape))
+    res = torch.zeros(q.shape, dtype=reference_dtype(q.dtype), device=q.device)
+    num_reqs = md.num_reqs or md.seq_lens.shape[0]
+    if num_reqs == 0:
+        pass
+    elif md.max_query_len == 1 and num_reqs * md.max_seq_len * hkv * d <= _MAX_BATCHED_GATHER_ELEMS:
+        res[:num_reqs] = _decode_batched(q, key_cache, value_cache, md, num_reqs, scale)
+    else:
+        qsl = md.query_start_loc_cpu or md.query_start_loc.tolist()
+        seq_lens = md.seq_lens_cpu or md.seq_lens.tolist()
+        for i in range(num_reqs):
+            start, end, seq_len = qsl[i], qsl[i + 1], seq_lens[i]
+            if end == start or seq_len == 0:
+                continue
+            assert seq_len >= end - start, f"request {i}: seq_len {seq_len} < query tokens {end - start}"
+            k = gather_sequence(key_cache, md.block_table[i], seq_len)
+            v = gather_sequence(value_cache, md.block_table[i], seq_len)
+            q_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
+            causal = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # [Tq, S]
+            res[start:end] = masked_attention_ref(q[start:end], k, v, causal[None], scale)
     if out is None:
         return res.to(q.dtype)
     out.copy_(res)

@@ -22,8 +22,8 @@ every bucket eagerly before capture; growing during capture raises RuntimeError.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from ladle.kernels._common import tl, triton
 
 MIN_ENTRIES = 4096  # 16 KiB: decode shapes never grow past the first allocation
 _BUFFERS: dict[tuple[str, str], torch.Tensor] = {}  # (owner key, str(device)) -> [n] int32, all zero at rest

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ladle.layers.attention.metadata import AttentionMetadata, LayerCacheSpec, LayerKVCache, get_forward_context
-from ladle.layers.attention.msa_attention import MSAParams, paged_attention, paged_attention_triton
+from ladle.layers.attention.layer import Attention, MSAParams
+from ladle.layers.attention.metadata import LayerCacheSpec, get_forward_context
 from ladle.layers.embedding import VocabEmbedding
 from ladle.layers.linear import MergedLinear
 from ladle.layers.moe import MoE
@@ -64,7 +64,7 @@ class Indexer(nn.Module):
 
 
 class M3Attention(nn.Module):
-    def __init__(self, cfg: M3Config, sparse: bool, dtype: torch.dtype, device):
+    def __init__(self, cfg: M3Config, sparse: bool, dtype: torch.dtype, device, layer_idx: int):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
@@ -78,29 +78,26 @@ class M3Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(d, cfg.rms_norm_eps, dtype, device)
         self.k_norm = GemmaRMSNorm(d, cfg.rms_norm_eps, dtype, device)
         self.indexer = Indexer(cfg, dtype, device) if sparse else None
-        self.msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks) if sparse else None
+        msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks,
+                        cfg.index_head_dim) if sparse else None
+        self.attn = Attention(self.nh, self.nkv, d, self.scale, layer_idx, msa=msa)
 
-    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKVCache,
-                md: AttentionMetadata, backend: str = "torch",
-                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """a [T, H] (input-normed) -> (out [T, H], selected_block_ids or None). backend "triton" runs the
-        ladle.kernels path (graph-safe), "torch" the per-request reference; fused: per-head norm + RoPE in one
-        kernel per tensor instead of the torch composition."""
+    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """a [T, H] (input-normed) -> out [T, H]. fused: per-head norm + RoPE in one kernel per tensor instead of
+        the torch composition."""
         t = a.shape[0]
         parts = self.qkv_proj.output_slices(self.qkv_proj(a))  # column views of one GEMM output
         q = self.q_norm.norm_rope(parts[0].view(t, self.nh, self.d), cos, sin, fused)
         k = self.k_norm.norm_rope(parts[1].view(t, self.nkv, self.d), cos, sin, fused)
         v = parts[2].view(t, self.nkv, self.d)  # row-strided view: the KV stores take row strides
         iq, ik = self.indexer(parts[3], parts[4], cos, sin, fused) if self.indexer is not None else (None, None)
-        attend = paged_attention_triton if backend == "triton" else paged_attention
-        out, selected = attend(q, k, v, cache, md, self.scale, iq, ik, self.msa)
-        return self.o_proj(out.reshape(t, self.nh * self.d)), selected
+        return self.o_proj(self.attn(q, k, v, iq, ik))
 
 
 class M3DecoderLayer(nn.Module):
     def __init__(self, cfg: M3Config, idx: int, dtype: torch.dtype, device):
         super().__init__()
-        self.self_attn = M3Attention(cfg, cfg.sparse_layers[idx], dtype, device)
+        self.self_attn = M3Attention(cfg, cfg.sparse_layers[idx], dtype, device, idx)
         act = dict(alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, beta=cfg.swiglu_beta)
         if cfg.moe_layers[idx]:
             self.mlp: nn.Module = MoE(cfg.hidden_size, cfg.num_local_experts, cfg.num_experts_per_tok,
@@ -143,25 +140,19 @@ class MiniMaxM3ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, H] (model dtype)."""
         ctx = get_forward_context()
-        md = ctx.attn_metadata
-        record = bool(ctx.extras.get("record_msa_selection"))
-        if record:
-            ctx.extras["msa_selected_block_ids"] = {}
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         kernels = ctx.backends.triton_moe
         fused = ctx.backends.fused_norms
         h = None  # the residual stream; each residual add happens inside the next norm (`add_norm`)
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             a, h = layer.input_layernorm.add_norm(x, h, fused)
-            attn, selected = layer.self_attn(a, cos, sin, ctx.kv_caches[i], md, "triton" if ctx.backends.triton_attention else "torch", fused)
+            attn = layer.self_attn(a, cos, sin, fused)
             b, h = layer.post_attention_layernorm.add_norm(attn, h, fused)
             if isinstance(layer.mlp, MoE):
                 x = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=kernels)
             else:
                 x = layer.mlp(b)
-            if record and selected is not None:
-                ctx.extras["msa_selected_block_ids"][i] = selected
         return self.norm.add_norm(x, h, fused)[0]
 
     @torch.inference_mode()

@@ -132,9 +132,10 @@ def test_gpu_real_block_size_and_graph():
 
 
 def test_agrees_with_model_reference_selection():
-    """Cross-check with the M3 model's torch selection (ladle/layers/attention/msa.py, written independently):
-    same sets per (group, token). Skipped while that module is absent."""
-    msa = pytest.importorskip("ladle.layers.attention.msa")
+    """Cross-check with the reference's building blocks applied to the contiguous (unpaged) key sequence
+    (`msa_block_scores` + `msa_select_blocks`, the selection the M3 model's torch path runs): same sets per
+    (group, token)."""
+    import ladle.kernels.msa_indexer as msa
     torch.manual_seed(7)
     b = build([(0, 70)], BS, max_blocks=5)
     T, H, topk = b.num_tokens, 2, 3
@@ -270,3 +271,36 @@ def test_gpu_fused_decode_graph_replays():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static, out)
+
+
+@pytest.mark.parametrize("local_blocks", [1, 2, 3])
+def test_reference_local_blocks_against_brute_force(local_blocks):
+    """The reference on a paged ragged batch vs a per-token float64 brute force of the definition: the blocks
+    b_t - l (l < local_blocks) are forced, the rest are the best block maxima, ascending layout. local_blocks > 1 is
+    not the kernel's case: the entry point records the fallback and runs the reference."""
+    torch.manual_seed(11)
+    b = build(RAGGED, BS, max_blocks=8, pad_tokens=2)
+    T, H, topk = b.num_tokens, 2, 4
+    q = torch.randn(T, H, D)
+    kc = torch.randn(b.num_blocks, BS, D)
+    qsl = b.query_start_loc.tolist()
+    want = torch.full((H, T, topk), -1, dtype=torch.int32)
+    for r in range(len(qsl) - 1):
+        keys = kc[b.block_table[r].long()].reshape(-1, D).double()
+        for t in range(qsl[r], qsl[r + 1]):
+            p = int(b.positions[t])
+            own = p // BS
+            forced = {blk for blk in range(own - local_blocks + 1, own + 1) if blk >= 0}
+            n = min(topk, own + 1)
+            for h in range(H):
+                s = keys[: p + 1] @ q[t, h].double()
+                block_max = {blk: s[blk * BS: (blk + 1) * BS].max().item() for blk in range(own + 1)}
+                others = sorted((blk for blk in block_max if blk not in forced), key=lambda x: (-block_max[x], x))
+                chosen = sorted(forced | set(others[: n - len(forced)]))
+                want[h, t, :n] = torch.tensor(chosen, dtype=torch.int32)
+    dispatch.reset()
+    got = msa_indexer(q, kc, b.block_table, b.positions, b.query_start_loc, topk, local_blocks=local_blocks)
+    assert torch.equal(got, want)
+    (row,) = dispatch.snapshot()["ops"]["msa_indexer"]["buckets"].values()
+    assert row["configured"] == 1 and row["executed"] == int(local_blocks == 1)
+    _check_layout(got, b.positions, topk, int(b.query_start_loc[-1]))

@@ -11,10 +11,11 @@ import math
 import pytest
 import torch
 
+from ladle.kernels.kv_store import store_kvcache_ref
+from ladle.kernels.paged_attention import paged_attention_ref
 from ladle.layers.activation import silu_and_mul
 from ladle.layers.attention.layer import Attention
 from ladle.layers.attention.metadata import LayerCacheSpec, OpBackends, set_forward_context
-from ladle.layers.attention.paged_ref import paged_attention_ref, store_kv_ref
 from drivers.paged_test_cache import PagedTestCache
 from ladle.layers.norm import RMSNorm
 from ladle.layers.rotary import RotaryEmbedding, compute_inv_freq
@@ -107,7 +108,8 @@ def test_paged_attention_ref_against_dense_float64():
                for key, n in {"b": 9, "c": 5, "d": 12}.items()}
     for key, (k, v) in history.items():  # earlier steps: store only
         _, _, ctx = cache.build([(key, [0] * k.shape[0])])
-        store_kv_ref(k, v, cache.kv_caches[0].key_cache, cache.kv_caches[0].value_cache, ctx.attn_metadata.slot_mapping)
+        layer0 = cache.kv_caches[0]
+        store_kvcache_ref(k, v, layer0.key_cache, layer0.value_cache, ctx.attn_metadata.slot_mapping)
     new = {"a": 7, "b": 6, "c": 1, "d": 1}
     chunks = [(key, [0] * n) for key, n in new.items()]
     _, _, ctx = cache.build(chunks, num_padding=3)
@@ -115,7 +117,7 @@ def test_paged_attention_ref_against_dense_float64():
     T = md.slot_mapping.shape[0]
     k_new, v_new, q = torch.randn(T, hkv, d, generator=g), torch.randn(T, hkv, d, generator=g), torch.randn(T, hq, d, generator=g)
     before = layer.key_cache.clone()
-    store_kv_ref(k_new, v_new, layer.key_cache, layer.value_cache, md.slot_mapping)
+    store_kvcache_ref(k_new, v_new, layer.key_cache, layer.value_cache, md.slot_mapping)
     written = set(md.slot_mapping[md.slot_mapping >= 0].tolist())
     changed = (layer.key_cache != before).view(-1, hkv * d).any(-1).nonzero().flatten().tolist()
     assert set(changed) <= written and len(changed) == len(written)  # padding wrote nothing
@@ -142,7 +144,9 @@ def test_batched_decode_path_equals_per_request_loop(monkeypatch):
     _, _, ctx = cache.build([("a", [0]), ("b", [0]), ("c", [0])], num_padding=2)
     q = torch.randn(5, hq, d)
     batched = paged_attention_ref(q, layer.key_cache, layer.value_cache, ctx.attn_metadata, 0.3)
-    import ladle.layers.attention.paged_ref as pr
+    import importlib
+
+    pr = importlib.import_module("ladle.kernels.paged_attention")  # the module (the package re-exports the function)
 
     monkeypatch.setattr(pr, "_MAX_BATCHED_GATHER_ELEMS", 0)  # force the loop
     looped = paged_attention_ref(q, layer.key_cache, layer.value_cache, ctx.attn_metadata, 0.3)
@@ -151,27 +155,28 @@ def test_batched_decode_path_equals_per_request_loop(monkeypatch):
 
 
 def test_attention_layer_triton_seam_calls_kernel_entry_points(monkeypatch):
-    """backends=OpBackends.kernels() routes through the kernel entry points named in layer.py (faked here)."""
+    """backends=OpBackends.kernels() routes through the kernel entry points the layer calls (faked here), with
+    Triton asked for."""
     import ladle.layers.attention.layer as layer_mod
 
     calls = []
 
-    def fake_store(*args):
-        calls.append("store")
-        store_kv_ref(*args)
+    def fake_store(*args, use_triton):
+        calls.append(("store", use_triton))
+        store_kvcache_ref(*args)
 
-    def fake_attend(*args):
-        calls.append("attend")
+    def fake_attend(*args, use_triton):
+        calls.append(("attend", use_triton))
         return paged_attention_ref(*args)
 
-    monkeypatch.setitem(layer_mod._OPTIONAL_CACHE, "ladle.kernels.kv_store:store_kv", fake_store)
-    monkeypatch.setitem(layer_mod._OPTIONAL_CACHE, "ladle.kernels.paged_attention:paged_attention", fake_attend)
+    monkeypatch.setattr(layer_mod, "store_kvcache", fake_store)
+    monkeypatch.setattr(layer_mod, "paged_attention", fake_attend)
     attn = Attention(4, 2, 8, 8**-0.5, layer_idx=0)
     cache = PagedTestCache([LayerCacheSpec(2, 8)], num_blocks=8, block_size=4, backends=OpBackends.kernels())
     _, _, ctx = cache.build([("a", [0] * 5)])
     q, k, v = torch.randn(5, 32), torch.randn(5, 16), torch.randn(5, 16)
     with set_forward_context(ctx):
         out = attn(q, k, v)
-    assert calls == ["store", "attend"]
+    assert calls == [("store", True), ("attend", True)]
     ref = _dense_causal_ref(q.view(5, 4, 8), k.view(5, 2, 8), v.view(5, 2, 8), 8**-0.5)
     torch.testing.assert_close(out.view(5, 4, 8).double(), ref, rtol=1e-5, atol=1e-5)

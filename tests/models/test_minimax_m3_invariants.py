@@ -32,15 +32,15 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_no_more_blocks_than_topk_equals_dense_causal(lm, n):
     ids = prompt(n, n)
     sparse = full(lm, ids)
-    saved = [layer.self_attn.msa for layer in lm.layers]
+    saved = [layer.self_attn.attn.msa for layer in lm.layers]
     try:
         for layer in lm.layers:
-            layer.self_attn.msa = None  # dense causal attention on every layer, same weights
+            layer.self_attn.attn.msa = None  # dense causal attention on every layer, same weights
         dense = full(lm, ids)
         longer_dense = full(lm, prompt(80, 1))
     finally:
         for layer, msa in zip(lm.layers, saved):
-            layer.self_attn.msa = msa
+            layer.self_attn.attn.msa = msa
     assert close(sparse, dense)
     assert not close(full(lm, prompt(80, 1)), longer_dense)  # 5 blocks > top-k 4: selection bites
 

@@ -17,7 +17,7 @@ from m3_helpers import prompt
 
 from ladle.tools.checkpoint_m3 import make_checkpoint
 from drivers.minimax_m3_paged import PagedDriver, load_m3_dir
-from ladle.layers.attention.msa import msa_block_scores
+from ladle.kernels.msa_indexer import msa_block_scores
 
 M = pytest.importorskip("transformers.models.minimax_m3_vl.modeling_minimax_m3_vl")
 pytest.importorskip("transformers").logging.set_verbosity_error()  # the vision tower is absent on purpose

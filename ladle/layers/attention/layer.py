@@ -1,52 +1,58 @@
-"""The dense paged `Attention` layer: stores this step's K/V, then attends over each request's whole context.
+"""The paged `Attention` layer (Llama and MiniMax-M3 alike): stores this step's K/V (and, for MSA layers, index-K),
+then attends over each request's context, densely or over the blocks the MSA indexer selects.
 
-Backends (chosen by `ForwardContext.backends.attention`, which the runner resolves from RunnerConfig):
-  "TORCH"  — `paged_ref.py` (reference; CPU and fallback everywhere).
-  "TRITON_ATTN" — `ladle.kernels.paged_attention.paged_attention(q, key_cache, value_cache, attn_metadata, scale)`
-             with the same arguments/returns as `paged_attention_ref`, and, if present,
-             `ladle.kernels.kv_store.store_kv(key, value, key_cache, value_cache, slot_mapping)` with the same
-             contract as `store_kv_ref`. Both entry points check eligibility and record their dispatch
-             decisions themselves; the imports are optional (Triton may be absent): when a module is missing
-             the torch reference runs and `ladle.observe.dispatch` records the fallback.
+The layer calls ops; each op (ladle/kernels/<op>.py) runs its Triton kernel or its torch reference, by the backend
+asked for (`ForwardContext.backends.triton_attention`) and its own eligibility rule, and records the decision in
+`ladle.observe.dispatch`:
+  dense layers: `store_kvcache` -> `paged_attention`
+  MSA layers:   `store_kvcache`, `store_index_kcache` -> `msa_indexer` -> `msa_sparse_attention`
+With Triton the whole forward is graph-safe (no host mirrors, no host syncs).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
 
-from ladle.layers.attention.metadata import get_forward_context
-from ladle.layers.attention.paged_ref import paged_attention_ref, store_kv_ref
-from ladle.observe import dispatch
+from ladle.kernels.kv_store import store_index_kcache, store_kvcache
+from ladle.kernels.msa_indexer import msa_indexer
+from ladle.kernels.msa_sparse_attention import msa_sparse_attention
+from ladle.kernels.paged_attention import paged_attention
+from ladle.layers.attention.metadata import LayerCacheSpec, get_forward_context
 
-_OPTIONAL_CACHE: dict[str, Any] = {}
 
+@dataclass(frozen=True)
+class MSAParams:
+    """Indexer geometry of an MSA sparse layer (design/minimax_m3.md §3.5): block_size (the MSA block, equal to the
+    KV block), topk_blocks (blocks kept per token and KV group), local_blocks (trailing blocks always kept),
+    index_head_dim (the index-K row the cache holds; needed by `Attention.kv_cache_spec`, not by forward)."""
 
-def _optional_attr(module: str, name: str) -> Optional[Callable]:
-    """`module.name` if importable, else None (cached; a missing optional kernel is not an error)."""
-    key = f"{module}:{name}"
-    if key not in _OPTIONAL_CACHE:
-        try:
-            _OPTIONAL_CACHE[key] = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            _OPTIONAL_CACHE[key] = None
-    return _OPTIONAL_CACHE[key]
+    block_size: int
+    topk_blocks: int
+    local_blocks: int
+    index_head_dim: int = 0
 
 
 class Attention(nn.Module):
-    """Paged causal self-attention over the KV cache of layer `layer_idx`.
+    """Paged causal self-attention over the KV cache of layer `layer_idx`, block-sparse when `msa` is given.
 
     Args: num_heads (query heads), num_kv_heads (divides num_heads), head_dim, scale (softmax scale),
-    layer_idx (index into `ForwardContext.kv_caches`).
+    layer_idx (index into `ForwardContext.kv_caches`), msa (MSA indexer geometry; None for a dense layer).
 
-    forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D] in q's dtype.
-    Mutates `ctx.kv_caches[layer_idx]` (writes the new K/V at `slot_mapping`, skipping -1). No parameters.
+    forward(q, k, v, index_q=None, index_k=None) -> [T, Hq*D] in q's dtype.
+      q [T, Hq*D] or [T, Hq, D]; k, v [T, Hkv*D] or [T, Hkv, D] (row-strided views of a fused qkv output are fine);
+      index_q [T, ni, di] (ni = num_kv_heads) and index_k [T, di] for MSA layers, post-norm post-RoPE.
+    Writes K/V (and index-K) at `slot_mapping` (skipping -1) into `ctx.kv_caches[layer_idx]`. No parameters.
+    MSA layers: when `ctx.extras.get("record_msa_selection")` is truthy, the step's selected_block_ids
+    [Hkv, T, topk] int32 (ARCHITECTURE.md "MSA selection") are left in
+    `ctx.extras["msa_selected_block_ids"][layer_idx]`.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int,
+                 msa: Optional[MSAParams] = None) -> None:
         super().__init__()
         assert num_heads % num_kv_heads == 0, f"num_heads {num_heads} % num_kv_heads {num_kv_heads} != 0"
         self.num_heads = num_heads
@@ -54,38 +60,42 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.layer_idx = layer_idx
+        self.msa = msa
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: Optional[torch.Tensor] = None,
+                index_k: Optional[torch.Tensor] = None) -> torch.Tensor:
         ctx = get_forward_context()
         md = ctx.attn_metadata
         cache = ctx.kv_caches[self.layer_idx]
+        use_triton = ctx.backends.triton_attention
         num_tokens = q.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-
-        store, attend = store_kv_ref, paged_attention_ref
-        if ctx.backends.triton_attention:
-            store, attend = self._triton_ops(num_tokens, md.is_decode_only)
-        store(k, v, cache.key_cache, cache.value_cache, md.slot_mapping)
-        out = attend(q, cache.key_cache, cache.value_cache, md, self.scale)
+        store_kvcache(k, v, cache.key_cache, cache.value_cache, md.slot_mapping, use_triton=use_triton)
+        if self.msa is None:
+            out = paged_attention(q, cache.key_cache, cache.value_cache, md, self.scale, use_triton=use_triton)
+            return out.reshape(num_tokens, self.num_heads * self.head_dim)
+        msa = self.msa
+        assert index_q is not None and index_k is not None and cache.index_key_cache is not None
+        assert md.block_size == msa.block_size == cache.key_cache.shape[1], \
+            f"KV block size {md.block_size} must equal the MSA block size {msa.block_size}"
+        store_index_kcache(index_k, cache.index_key_cache, md.slot_mapping, use_triton=use_triton)
+        selected = msa_indexer(index_q, cache.index_key_cache, md.block_table, md.positions, md.query_start_loc,
+                               msa.topk_blocks, local_blocks=msa.local_blocks, use_triton=use_triton)
+        if ctx.extras.get("record_msa_selection"):
+            ctx.extras.setdefault("msa_selected_block_ids", {})[self.layer_idx] = selected
+        out = msa_sparse_attention(q, cache.key_cache, cache.value_cache, md.block_table, selected, md.positions,
+                                   md.query_start_loc, self.scale, use_triton=use_triton)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 
-    @staticmethod
-    def _triton_ops(num_tokens: int, decode: bool) -> tuple[Callable, Callable]:
-        """The Triton store/attention entry points where importable, else the references. The kernel entry
-        points record their own dispatch decisions; a missing module is recorded here as a fallback."""
-        store = _optional_attr("ladle.kernels.kv_store", "store_kv")
-        attend = _optional_attr("ladle.kernels.paged_attention", "paged_attention")
-        bucket = dispatch.tokens_bucket(num_tokens)
-        if store is None:
-            dispatch.record("kv_store", bucket, configured=True, eligible=False, executed=False,
-                            reason="ladle.kernels.kv_store not importable")
-        if attend is None:
-            dispatch.record("attn_decode" if decode else "attn_prefill", bucket, configured=True, eligible=False,
-                            executed=False, reason="ladle.kernels.paged_attention not importable")
-        return store or store_kv_ref, attend or paged_attention_ref
+    def kv_cache_spec(self) -> LayerCacheSpec:
+        """This layer's cache needs: K/V heads and head_dim, plus the index-K head dim (0 for a dense layer)."""
+        index_head_dim = 0 if self.msa is None else self.msa.index_head_dim
+        assert self.msa is None or index_head_dim > 0, "MSAParams.index_head_dim is needed for the index-K cache"
+        return LayerCacheSpec(self.num_kv_heads, self.head_dim, index_head_dim)
 
     def extra_repr(self) -> str:
+        sparse = f", msa={self.msa}" if self.msa is not None else ""
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-                f"layer_idx={self.layer_idx}")
+                f"layer_idx={self.layer_idx}{sparse}")

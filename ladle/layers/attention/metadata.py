@@ -43,14 +43,19 @@ class LayerCacheSpec:
 class AttentionMetadata:
     """Batch geometry for one step. B = requests in the step, T = tokens in the step.
 
-    Device tensors:
+    Device tensors (dtypes as built by ladle/runner/input_batch.py and the CUDA-graph buffers of
+    ladle/runner/cuda_graph.py):
       query_start_loc [B+1] int32 — token offsets of each request's queries in the flat batch.
       seq_lens        [B]   int32 — context + new tokens per request after this step.
       context_lens    [B]   int32 — tokens already in the cache before this step (= seq_lens - query lens).
-      block_table     [B, max_blocks] int32 — physical block ids (0 = null padding).
+      block_table     [B, >= max blocks] int32 — physical block ids, padded with the null block 0; rows are
+                      contiguous (the row stride may exceed the width).
       slot_mapping    [T]   int64 — cache slot for each new token, -1 for padding tokens.
-      positions       [T]   int64 — absolute position of each token.
-    Host mirrors (`*_cpu`, Python lists) serve the torch reference paths without a device sync.
+      positions       [T]   int64 — absolute position of each token (the model's `positions` tensor).
+    Host fields: block_size, max_query_len, max_seq_len (ints); num_actual_tokens (T without CUDA-graph padding).
+    Host mirrors (`*_cpu`, Python lists of int) serve the torch reference paths without a device sync. In steps
+    built by input_batch.py they equal the device tensors; in CUDA-graph decode metadata (a bucket of B rows, one
+    token each) they hold capture-time values, which is why only graph-safe (Triton) paths run inside graphs.
     """
 
     query_start_loc: torch.Tensor
@@ -65,7 +70,7 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int] = field(default_factory=list)
     seq_lens_cpu: list[int] = field(default_factory=list)
     context_lens_cpu: list[int] = field(default_factory=list)
-    num_actual_tokens: int = 0  # T without CUDA-graph padding
+    num_actual_tokens: int = 0  # T without CUDA-graph padding (0 = not set)
 
     @property
     def num_reqs(self) -> int:
