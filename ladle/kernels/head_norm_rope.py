@@ -96,8 +96,9 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
     """x [T, H, D] (any strides with a unit last stride, e.g. a view of a projection output), weight [D] (Gemma
     offset: the scale is 1 + weight), eps, cos/sin [T, r] in x's dtype with even r <= D.
 
-    Returns a new contiguous [T, H, D] tensor in x's dtype (x is not modified). Triton when eligible (recorded as op
-    "head_norm_rope") when asked for (`use_triton`), else `head_norm_rope_ref`. Raises AssertionError on shape, dtype or stride mismatches.
+    Returns a new contiguous [T, H, D] tensor in x's dtype (x is not modified). Triton when asked for (`use_triton`)
+    and eligible (recorded as op "head_norm_rope"), else `head_norm_rope_ref`. Raises AssertionError on shape, dtype
+    or stride mismatches.
     """
     assert x.dim() == 3 and x.stride(-1) == 1, f"x must be [T, H, D] with unit last stride, got {tuple(x.shape)}"
     T, H, D = x.shape

@@ -12,8 +12,8 @@ and `MiniMaxM3VLForCausalLM`. Checkpoint names map through the name table in lad
 Forward contract (ladle/models/interface.py): reads `get_forward_context()`; writes K, V and (sparse layers)
 index-K for every token with slot >= 0. `ctx.backends` (ladle.layers.attention.metadata.OpBackends, the runner's
 choice) selects the ladle.kernels path for attention and the indexer (`attention`), the MoE (`moe`) and the norms
-(`fused_norms`: residual add + RMSNorm and per-head norm + RoPE fused into one kernel each), or the references. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
-left in `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
+(`fused_norms`: residual add + RMSNorm and per-head norm + RoPE fused into one kernel each), or the references.
+When `ctx.extras["record_msa_selection"]` is truthy, the selections are left in `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
 """
 
 from __future__ import annotations
@@ -75,10 +75,13 @@ class M3Attention(nn.Module):
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, h, dtype=dtype, device=device)
         self.q_norm = _gemma_norm(d, cfg, dtype, device)
         self.k_norm = _gemma_norm(d, cfg, dtype, device)
-        self.indexer = Indexer(cfg, self.qkv_proj.shards["iq"].rows // cfg.index_head_dim, dtype, device) if sparse else None
+        self.indexer = None
+        if sparse:  # this rank's index-q heads: the "iq" shard of qkv_proj
+            self.indexer = Indexer(cfg, self.qkv_proj.shards["iq"].rows // cfg.index_head_dim, dtype, device)
         self.msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks) if sparse else None
 
-    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, a: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """a [T, H] (input-normed), cos/sin [T, rotary_dim] -> (out [T, H], selected_block_ids or None)."""
         t = a.shape[0]
         parts = self.qkv_proj.split(self.qkv_proj(a))  # column views of one GEMM output
