@@ -31,13 +31,31 @@ from ladle.layers.mlp import GatedMLP
 ExpertId = Union[int, str, None]
 
 
+class UnquantizedFusedMoEMethod:
+    """The plain method of FusedMoE: expert tables in the model dtype, run by the `fused_moe` op."""
+
+    def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
+                       params_dtype: Optional[torch.dtype], device, weight_loader) -> None:
+        """Register `layer.w13` [num_rows, 2 I_r, H] and `layer.w2` [num_rows, H, I_r] (uninitialised)."""
+        i_r = intermediate_size_per_partition
+        for name, shape in (("w13", (num_rows, 2 * i_r, hidden_size)), ("w2", (num_rows, hidden_size, i_r))):
+            p = nn.Parameter(torch.empty(*shape, dtype=params_dtype, device=device), requires_grad=False)
+            layer.register_parameter(name, set_weight_loader(p, weight_loader, 1))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              use_triton: bool) -> torch.Tensor:
+        """x [T, H], topk_ids / topk_weights [T, k] (rows of w13 / w2, weights) -> [T, H] in x.dtype."""
+        return fused_moe(x, layer.w13, layer.w2, topk_ids, topk_weights, layer.swiglu_alpha, layer.swiglu_limit,
+                         use_triton=use_triton)
+
+
 class FusedMoE(nn.Module):
     """Router + routed experts + one shared expert (shared_intermediate_size 0: none).
 
     forward(x [T, H], fuse_shared=True) -> [T, H] in x.dtype. fuse_shared False runs the shared expert as its own
     op call and adds it (kept to check that folding it in changes nothing). `route(x)` exposes the routed choice.
     Parameters: gate_weight [E, H] float32 and e_score_correction_bias [E] float32 (replicated on every rank),
-    w13, w2 (module doc). Checkpoint names map through the model's name table to
+    w13, w2 (module doc; created by `quant_method`, an UnquantizedFusedMoEMethod now). Checkpoint names map through the model's name table to
     `weight_loader(param, loaded_weight, shard_id=None, expert_id=None)`.
     """
 
@@ -45,7 +63,7 @@ class FusedMoE(nn.Module):
                  shared_intermediate_size: int = 0, routed_scaling_factor: float = 1.0, swiglu_alpha: float = 1.702,
                  swiglu_limit: float = 7.0, dtype: Optional[torch.dtype] = None,
                  device: "torch.device | str | None" = None, tp_rank: int = 0, tp_size: int = 1,
-                 reduce_results: bool = True) -> None:
+                 reduce_results: bool = True, quant_method: Optional[UnquantizedFusedMoEMethod] = None) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
         self.intermediate_size, self.routed_scaling_factor = intermediate_size, routed_scaling_factor
@@ -59,17 +77,16 @@ class FusedMoE(nn.Module):
             self.shared_experts = GatedMLP(hidden_size, shared_intermediate_size, "swigluoai", dtype=dtype,
                                            device=device, tp_rank=tp_rank, tp_size=tp_size, reduce_results=False,
                                            swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
-        rows = num_experts + int(self.shared_folded)
-        i_r = self.intermediate_size_per_partition
 
-        def param(*shape, dt=dtype, loader=self.weight_loader):
-            p = nn.Parameter(torch.empty(*shape, dtype=dt, device=device), requires_grad=False)
-            return set_weight_loader(p, loader, None if loader is replicated_weight_loader else 1)
+        def router_param(*shape):  # the router stays float32 and whole on every rank
+            p = nn.Parameter(torch.empty(*shape, dtype=torch.float32, device=device), requires_grad=False)
+            return set_weight_loader(p, replicated_weight_loader, None)
 
-        self.gate_weight = param(num_experts, hidden_size, dt=torch.float32, loader=replicated_weight_loader)
-        self.e_score_correction_bias = param(num_experts, dt=torch.float32, loader=replicated_weight_loader)
-        self.w13 = param(rows, 2 * i_r, hidden_size)
-        self.w2 = param(rows, hidden_size, i_r)
+        self.gate_weight = router_param(num_experts, hidden_size)
+        self.e_score_correction_bias = router_param(num_experts)
+        self.quant_method = quant_method or UnquantizedFusedMoEMethod()
+        self.quant_method.create_weights(self, num_experts + int(self.shared_folded), hidden_size,
+                                         self.intermediate_size_per_partition, dtype, device, self.weight_loader)
 
     # -- loading -------------------------------------------------------------------------------------
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Hashable = None,
@@ -127,8 +144,7 @@ class FusedMoE(nn.Module):
         return self._experts(x, ids, ones)
 
     def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return fused_moe(x, self.w13, self.w2, ids, weights, self.swiglu_alpha, self.swiglu_limit,
-                         use_triton=op_backends().triton_moe)
+        return self.quant_method.apply(self, x, ids, weights, use_triton=op_backends().triton_moe)
 
     def forward(self, x: torch.Tensor, fuse_shared: bool = True) -> torch.Tensor:
         fold = fuse_shared and self.shared_folded
