@@ -67,7 +67,8 @@ def set_weight_loader(param: nn.Parameter, loader, shard_dim: Optional[int]) -> 
     return param
 
 
-def _check_shape(what: str, got: torch.Size, expected: Sequence[int]) -> None:
+def check_shape(what: str, got: torch.Size, expected: Sequence[int]) -> None:
+    """Raise ValueError (naming `what`) when a checkpoint tensor's shape is not `expected`."""
     if tuple(got) != tuple(expected):
         raise ValueError(f"{what}: checkpoint shape {tuple(got)} != expected {tuple(expected)}")
 
@@ -77,7 +78,7 @@ def replicated_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, s
     shape, cast to the parameter dtype. Raises ValueError on a shard id or a shape mismatch."""
     if shard_id is not None:
         raise ValueError(f"a replicated parameter has no shard {shard_id!r}")
-    _check_shape("tensor", loaded_weight.shape, param.shape)
+    check_shape("tensor", loaded_weight.shape, param.shape)
     param.data.copy_(loaded_weight)
     return param.numel()
 
@@ -147,13 +148,13 @@ class ColumnParallelLinear(nn.Module):
         shards = the pieces concatenated in shard order (a checkpoint that stores the merged tensor)."""
         if shard_id is None and list(self.shards) != [None]:
             sizes = [s.full_rows for s in self.shards.values()]
-            _check_shape("merged tensor rows", loaded_weight.shape[:1], [sum(sizes)])
+            check_shape("merged tensor rows", loaded_weight.shape[:1], [sum(sizes)])
             pieces = loaded_weight.split(sizes, dim=0)
             return sum(self.weight_loader(param, p, sid) for sid, p in zip(self.shards, pieces))
         if shard_id not in self.shards:
             raise ValueError(f"unknown shard {shard_id!r}; expected one of {list(self.shards)}")
         s = self.shards[shard_id]
-        _check_shape(f"shard {shard_id!r}", loaded_weight.shape, [s.full_rows, *param.shape[1:]])
+        check_shape(f"shard {shard_id!r}", loaded_weight.shape, [s.full_rows, *param.shape[1:]])
         dst = param.data.narrow(0, s.local_start, s.rows)
         dst.copy_(loaded_weight.narrow(0, s.src_start, s.rows))
         return dst.numel()
@@ -240,10 +241,10 @@ class RowParallelLinear(nn.Module):
         if shard_id is not None:
             raise ValueError(f"RowParallelLinear has no shard {shard_id!r}")
         if param.shard_dim is None:
-            _check_shape("bias", loaded_weight.shape, param.shape)
+            check_shape("bias", loaded_weight.shape, param.shape)
             param.data.copy_(loaded_weight)
             return param.numel()
-        _check_shape("weight", loaded_weight.shape, [self.output_size, self.input_size])
+        check_shape("weight", loaded_weight.shape, [self.output_size, self.input_size])
         n = self.input_size_per_partition
         param.data.copy_(loaded_weight.narrow(1, self.tp_rank * n, n))
         return param.numel()

@@ -24,7 +24,7 @@ from torch import nn
 from ladle.kernels.fused_moe import fused_moe
 from ladle.kernels.moe_router import moe_router
 from ladle.layers.backends import op_backends
-from ladle.layers.linear import (_check_shape, all_reduce_across_ranks, head_shard, replicated_weight_loader,
+from ladle.layers.linear import (check_shape, all_reduce_across_ranks, head_shard, replicated_weight_loader,
                                  set_weight_loader)
 from ladle.layers.mlp import GatedMLP
 
@@ -98,21 +98,21 @@ class FusedMoE(nn.Module):
         (row E); None = every routed expert at once (a tensor with a leading [E] dim, transformers' fused layout).
         Returns the elements written. Raises ValueError on a bad shard / expert or a shape mismatch."""
         if expert_id is None:
-            _check_shape(f"{shard_id} of all experts", loaded_weight.shape[:1], [self.num_experts])
+            check_shape(f"{shard_id} of all experts", loaded_weight.shape[:1], [self.num_experts])
             return sum(self.weight_loader(param, loaded_weight[e], shard_id, e) for e in range(self.num_experts))
         row = self._expert_row(expert_id)
         i, i_r, h = self.intermediate_size, self.intermediate_size_per_partition, self.hidden_size
         start = self.tp_rank * i_r
         if shard_id == "w13":
-            _check_shape("w13", loaded_weight.shape, [2 * i, h])
+            check_shape("w13", loaded_weight.shape, [2 * i, h])
             gate, up = loaded_weight.split(i, dim=0)
             return self.weight_loader(param, gate, "w1", expert_id) + self.weight_loader(param, up, "w3", expert_id)
         if shard_id in ("w1", "w3"):
-            _check_shape(f"{shard_id} of expert {expert_id}", loaded_weight.shape, [i, h])
+            check_shape(f"{shard_id} of expert {expert_id}", loaded_weight.shape, [i, h])
             dst = param.data[row].narrow(0, 0 if shard_id == "w1" else i_r, i_r)
             dst.copy_(loaded_weight.narrow(0, start, i_r))
         elif shard_id == "w2":
-            _check_shape(f"w2 of expert {expert_id}", loaded_weight.shape, [h, i])
+            check_shape(f"w2 of expert {expert_id}", loaded_weight.shape, [h, i])
             dst = param.data[row]
             dst.copy_(loaded_weight.narrow(1, start, i_r))
         else:

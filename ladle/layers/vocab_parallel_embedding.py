@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ladle.layers.linear import UnquantizedLinearMethod, _check_shape, all_reduce_across_ranks
+from ladle.layers.linear import UnquantizedLinearMethod, check_shape, all_reduce_across_ranks
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -42,7 +42,7 @@ class VocabParallelEmbedding(nn.Module):
         """Copy this rank's vocabulary rows of the full [num_embeddings, embedding_dim] table; zero the padding."""
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
-        _check_shape("vocab table", loaded_weight.shape, [self.num_embeddings, self.embedding_dim])
+        check_shape("vocab table", loaded_weight.shape, [self.num_embeddings, self.embedding_dim])
         n = self.vocab_end - self.vocab_start
         param.data[:n].copy_(loaded_weight[self.vocab_start:self.vocab_end])
         param.data[n:].zero_()
