@@ -143,15 +143,15 @@ class ProxyTimer(_StepTimer):
 
 
 class RouteRecorder:
-    """While `on`, each MoE layer's forward also computes its routing (MoE.route, the reference math) and stores
+    """While `on`, each MoE layer's forward also computes its routing (FusedMoE.route, the configured router op) and stores
     the number of distinct routed experts in `cur[layer]`; off (e.g. during graph capture) it adds nothing."""
 
     def __init__(self, model):
-        from ladle.layers.moe import MoE
+        from ladle.layers.moe import FusedMoE
 
         self.on, self.cur, self.steps = False, {}, []
         for i, layer in enumerate(model.layers):
-            if isinstance(layer.mlp, MoE):
+            if isinstance(layer.mlp, FusedMoE):
                 layer.mlp.forward = self._wrap(i, layer.mlp)
 
     def _wrap(self, i, mlp):

@@ -23,13 +23,13 @@ def weight_bytes(model) -> dict:
     "expert", "num_experts"}], "embed", "embed_row", "lm_head", "final_norm", "total"}; "expert" is one routed
     expert's w13 + w2 bytes.
     """
-    from ladle.layers.moe import MoE
+    from ladle.layers.moe import FusedMoE
 
     layers = []
     for layer in model.layers:
         att, mlp = layer.self_attn, layer.mlp
         idx = _nbytes(att.indexer.parameters()) if att.indexer is not None else 0
-        d = dict(sparse=att.indexer is not None, moe=isinstance(mlp, MoE), attn=_nbytes(att.parameters()) - idx,
+        d = dict(sparse=att.indexer is not None, moe=isinstance(mlp, FusedMoE), attn=_nbytes(att.parameters()) - idx,
                  indexer=idx, norms=_nbytes(layer.input_layernorm.parameters())
                  + _nbytes(layer.post_attention_layernorm.parameters()),
                  dense_mlp=0, router=0, shared=0, expert=0, num_experts=0)
@@ -37,12 +37,12 @@ def weight_bytes(model) -> dict:
             e = mlp.num_experts
             one = (mlp.w13[0].numel() + mlp.w2[0].numel()) * mlp.w13.element_size()
             d.update(router=_nbytes([mlp.gate_weight, mlp.e_score_correction_bias]), expert=one, num_experts=e,
-                     shared=one if mlp.shared_folded else _nbytes([mlp.shared_w13, mlp.shared_w2]))
+                     shared=one if mlp.shared_folded else _nbytes(mlp.shared_experts.parameters()))
         else:
             d["dense_mlp"] = _nbytes(mlp.parameters())
         layers.append(d)
     emb = model.embed_tokens.weight
-    head = 0 if model.lm_head is None else _nbytes(model.lm_head.parameters())
+    head = 0 if model.lm_head.weight is emb else _nbytes(model.lm_head.parameters())  # tied: counted once
     return dict(layers=layers, embed=_nbytes([emb]), embed_row=emb.shape[1] * emb.element_size(), lm_head=head,
                 final_norm=_nbytes(model.norm.parameters()), total=_nbytes(model.parameters()))
 

@@ -6,7 +6,7 @@ For each token t and head h of x [T, H, D], with w [D] the stored Gemma offset, 
     y[half:r] = rnd(rnd(n[half:r] * cos[half:r]) + rnd( n[:half]  * sin[half:r]))
     y[r:]     = n[r:]                                                      (channels past the rotary width pass)
 where rnd() rounds to x's dtype and cos/sin [T, r] are already in x's dtype: exactly the rounding points of the
-torch composition `PartialNeoxRope.apply(GemmaRMSNorm(x), cos, sin)` (ladle/models/minimax_m3_layers.py; transformers
+torch composition `rotate_ref(rms_norm_ref(x, w, eps, weight_offset=1.0), cos, sin)` (`head_norm_rope_ref`; transformers
 MiniMaxM3 q/k norm then apply_rotary_pos_emb, design/minimax_m3.md §3.4), whose elementwise bf16 ops compute in
 float32 and round each result. Only the sum of squares may differ in order, so outputs agree to the last ulp
 almost everywhere. RMSNorm: Zhang & Sennrich 2019; RoPE: Su et al. 2021 (RoFormer), NeoX rotate-half layout.
@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 
 from ladle.kernels._common import decide_triton, triton_ok
+from ladle.kernels.rmsnorm import rms_norm_ref
+from ladle.kernels.rope import rotate_ref
 from ladle.observe import dispatch
 
 dispatch.register("head_norm_rope", "triton",
@@ -90,12 +92,13 @@ def _head_norm_rope_kernel(
 
 
 def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
-                   sin: torch.Tensor) -> torch.Tensor:
+                   sin: torch.Tensor, use_triton: bool = True) -> torch.Tensor:
     """x [T, H, D] (any strides with a unit last stride, e.g. a view of a projection output), weight [D] (Gemma
     offset: the scale is 1 + weight), eps, cos/sin [T, r] in x's dtype with even r <= D.
 
-    Returns a new contiguous [T, H, D] tensor in x's dtype (x is not modified). Triton when eligible (recorded as op
-    "head_norm_rope"), else `head_norm_rope_ref`. Raises AssertionError on shape, dtype or stride mismatches.
+    Returns a new contiguous [T, H, D] tensor in x's dtype (x is not modified). Triton when asked for (`use_triton`)
+    and eligible (recorded as op "head_norm_rope"), else `head_norm_rope_ref`. Raises AssertionError on shape, dtype
+    or stride mismatches.
     """
     assert x.dim() == 3 and x.stride(-1) == 1, f"x must be [T, H, D] with unit last stride, got {tuple(x.shape)}"
     T, H, D = x.shape
@@ -107,7 +110,7 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
     reason = triton_ok(x, weight, cos, sin)
     if reason is None and not (cos.is_contiguous() and sin.is_contiguous()):
         reason = "cos/sin not contiguous"
-    if not decide_triton("head_norm_rope", T, True, reason):
+    if not decide_triton("head_norm_rope", T, use_triton, reason):
         return head_norm_rope_ref(x, weight, eps, cos, sin)
     out = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
     if T > 0:
@@ -122,12 +125,6 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
 
 def head_norm_rope_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
                        sin: torch.Tensor) -> torch.Tensor:
-    """Plain-torch reference with the torch model's rounding points (module docstring); same contract."""
-    xf = x.float()
-    n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
-    r = cos.shape[-1]
-    half = r // 2
-    c, s = cos[:, None, :], sin[:, None, :]
-    rot, rest = n[..., :r], n[..., r:]
-    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    return torch.cat((rot * c + rotated * s, rest), dim=-1).contiguous()
+    """Plain-torch reference with the torch model's rounding points (module docstring); same contract: the Gemma
+    RMSNorm reference (float32, one rounding) then THE rotation reference in x's dtype."""
+    return rotate_ref(rms_norm_ref(x, weight, eps, weight_offset=1.0), cos, sin).contiguous()

@@ -53,11 +53,13 @@ def rms_norm(
     eps: float,
     residual: Optional[torch.Tensor] = None,
     weight_offset: float = 0.0,
+    use_triton: bool = True,
 ):
     """x [T, H] (unit last stride), weight [H], residual [T, H] or None.
 
     Returns out [T, H] (x's dtype) when residual is None, else (out, residual_out) with residual_out = x +
-    residual. Inputs are not mutated. Triton when eligible (recorded as op "rmsnorm"), else `rms_norm_ref`.
+    residual. Inputs are not mutated. Triton when asked for (`use_triton`) and eligible (recorded as op
+    "rmsnorm"), else `rms_norm_ref`.
     """
     assert x.dim() == 2 and x.stride(-1) == 1, f"x must be [T, H] with unit last stride, got {tuple(x.shape)}"
     assert weight.shape == (x.shape[1],), f"weight {tuple(weight.shape)} != [H={x.shape[1]}]"
@@ -67,7 +69,7 @@ def rms_norm(
     reason = triton_ok(*tensors)
     if reason is None and x.shape[1] > 65536:
         reason = "hidden > 65536"
-    if not decide_triton("rmsnorm", x.shape[0], True, reason):
+    if not decide_triton("rmsnorm", x.shape[0], use_triton, reason):
         return rms_norm_ref(x, weight, eps, residual, weight_offset)
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out
@@ -85,7 +87,10 @@ def rms_norm(
 
 
 def rms_norm_ref(x, weight, eps, residual=None, weight_offset: float = 0.0):
-    """Plain-torch reference with the same rounding points (see module docstring)."""
+    """Plain-torch reference with the same rounding points (module docstring): two documented rounding modes, chosen
+    by the offset — weight_offset 0.0 (HF LlamaRMSNorm) casts the normalised row to x's dtype before the weight
+    multiply; any other offset (Gemma / MiniMax-M3, 1 + w) multiplies in float32 and casts once.
+    x [..., H] (any leading dims: per-head norms pass [T, heads, D]), weight [H]; returns like `rms_norm`."""
     if residual is not None:
         x = x + residual
     xf = x.float()

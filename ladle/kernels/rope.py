@@ -7,6 +7,10 @@ MiniMax-M3 with rotary_dim 64 of head_dim 128), with half = rotary_dim / 2, x1 =
 cos/sin come from `cos_sin_cache [max_position, rotary_dim]` float32: cos in the first half of a row, sin in the
 second (`rope_cos_sin_cache` builds it: theta_i = base^(-2i / rotary_dim); Su et al. 2021, "RoFormer").
 Math in float32, one rounding to the input dtype.
+
+`rotate_ref(x, cos, sin)` is THE torch rotation (rotate-half NeoX, or GPT-J's interleaved pairs): `apply_rope_ref`
+runs it in float32, `ladle.kernels.head_norm_rope.head_norm_rope_ref` in the activation dtype (MiniMax-M3's rounding
+points), and the RotaryEmbedding layer (ladle/layers/rotary.py) reaches it through those two ops.
 """
 
 from __future__ import annotations
@@ -56,12 +60,15 @@ def apply_rope(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     rotary_dim: int | None = None,
+    is_neox_style: bool = True,
+    use_triton: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place (views into a fused qkv are fine: unit last stride only).
 
     positions [T] int64 (each < cos_sin_cache.shape[0]); cos_sin_cache [max_position, rotary_dim] float32;
-    rotary_dim defaults to cos_sin_cache.shape[1] and must be even and <= D. Returns (q, k), the same tensors.
-    Triton when eligible (recorded as op "rope"), else `apply_rope_ref` (also in place).
+    rotary_dim defaults to cos_sin_cache.shape[1] and must be even and <= D. is_neox_style False pairs channels
+    (2i, 2i+1) (GPT-J; reference only). Returns (q, k), the same tensors. Triton when asked for (`use_triton`) and
+    eligible (recorded as op "rope"), else `apply_rope_ref` (also in place).
     """
     rot = cos_sin_cache.shape[1] if rotary_dim is None else rotary_dim
     assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2]
@@ -70,8 +77,10 @@ def apply_rope(
     assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.is_contiguous()
     assert positions.shape == (q.shape[0],) and positions.dtype in (torch.int32, torch.int64)
     reason = triton_ok(q, k, positions, cos_sin_cache)
-    if not decide_triton("rope", q.shape[0], True, reason):
-        return apply_rope_ref(q, k, positions, cos_sin_cache)
+    if reason is None and not is_neox_style:
+        reason = "GPT-J (interleaved) style"
+    if not decide_triton("rope", q.shape[0], use_triton, reason):
+        return apply_rope_ref(q, k, positions, cos_sin_cache, is_neox_style)
     if q.shape[0] > 0:
         _rope_kernel[(q.shape[0],)](
             q, k, positions, cos_sin_cache, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
@@ -82,25 +91,53 @@ def apply_rope(
     return q, k
 
 
-def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, device=None) -> torch.Tensor:
-    """[max_position, rotary_dim] float32: cos(p * theta_i) | sin(p * theta_i), theta_i = base^(-2i/rotary_dim).
-    (Plain RoPE; scaled variants such as Llama-3 rope_scaling adjust inv_freq before this outer product.)"""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim))
-    freqs = torch.arange(max_position, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float().contiguous()
+def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, device=None,
+                       inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+    """[max_position, rotary_dim] float32: cos(p * theta_i) | sin(p * theta_i).
+
+    Two documented modes. inv_freq None: theta_i = base^(-2i/rotary_dim) and the angles in float64, rounded once
+    (the most accurate table). inv_freq given ([rotary_dim / 2] float32, e.g. a scaled Llama-3 table): transformers'
+    semantics, angles = float32(position) * inv_freq in float32, then cos/sin in float32, so a model matches its
+    transformers oracle (its rotary embedding computes exactly these products)."""
+    if inv_freq is None:
+        inv64 = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim))
+        freqs = torch.arange(max_position, dtype=torch.float64, device=device)[:, None] * inv64[None, :]
+        return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float().contiguous()
+    assert inv_freq.shape == (rotary_dim // 2,) and inv_freq.dtype == torch.float32
+    positions = torch.arange(max_position, dtype=torch.int64, device=device).to(torch.float32)
+    freqs = torch.outer(positions, inv_freq.to(device))
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
 
 
-def apply_rope_ref(q, k, positions, cos_sin_cache):
+def rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool = True) -> torch.Tensor:
+    """THE torch RoPE rotation. x [T, H, D]; cos/sin [T, r] (full width: cos[:, i] == cos[:, i + r/2], as a
+    cat(c, c) table gives) in the dtype the products are to be rounded in. Returns a new tensor: the first r
+    channels of each head rotated, x1*c - x2*s | x2*c + x1*s (NeoX: x1, x2 the halves; GPT-J: even/odd channels),
+    the rest passed through. Elementwise ops in the promoted dtype of x and cos/sin, each result rounded there."""
+    r = cos.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    if is_neox_style:
+        half = r // 2
+        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+        out = x_rot * c + rotated * s
+    else:  # interleaved pairs read c/s at the pair index (first half of the full-width rows)
+        c2, s2 = c[..., : r // 2], s[..., : r // 2]
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        out = torch.stack([x1 * c2 - x2 * s2, x2 * c2 + x1 * s2], dim=-1).flatten(-2)
+    return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out
+
+
+def cos_sin_rows(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width (cos, sin) rows [T, r] float32 for `positions` out of a [max_position, r] cos | sin table."""
+    cos, sin = cos_sin_cache.index_select(0, positions.long()).chunk(2, dim=-1)
+    return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def apply_rope_ref(q, k, positions, cos_sin_cache, is_neox_style: bool = True):
     """Plain-torch reference, in place, float32 math (same contract as `apply_rope`)."""
     rot = cos_sin_cache.shape[1]
-    half = rot // 2
-    cs = cos_sin_cache[positions.long()]  # [T, rot]
-    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    cos, sin = cos_sin_rows(cos_sin_cache, positions)
     for x in (q, k):
-        x1 = x[..., :half].float()
-        x2 = x[..., half:rot].float()
-        y1 = x1 * cos - x2 * sin
-        y2 = x2 * cos + x1 * sin
-        x[..., :half] = y1.to(x.dtype)
-        x[..., half:rot] = y2.to(x.dtype)
+        x[..., :rot] = rotate_ref(x[..., :rot].float(), cos, sin, is_neox_style).to(x.dtype)
     return q, k

@@ -1,131 +1,160 @@
-"""Mixture of experts: sigmoid router with selection-only bias, SwiGLU-OAI experts, shared expert folded in.
+"""FusedMoE: sigmoid router with selection-only bias + SwiGLU-OAI experts, the shared expert folded in.
 
 Math (design/minimax_m3.md §3.6, §3.8; checked against transformers `MiniMaxM3VLSparseMoeBlock`):
   logits = x·W_gᵀ in float32; σ = sigmoid(logits); choose top-k of σ + bias (bias for choice only);
   w_e = σ_e / Σ_chosen σ, then × routed_scaling_factor; y = Σ_e w_e·Expert_e(x) + Shared(x).
   Expert(x) = swigluoai(x·W1ᵀ, x·W3ᵀ)·W2ᵀ with gate = W1 (first half of `w13`), up = W3 (second half).
+The math lives in two ops, each with its torch reference beside its Triton kernel: `ladle.kernels.moe_router`
+(routing) and `ladle.kernels.fused_moe` (experts); `backends.triton_moe` asks for the kernels.
 
-Storage: `w13 [E(+1), 2I, H]` and `w2 [E(+1), H, I]` in the model dtype. When the shared expert has the routed
-width (M3: 3072 = 3072), it is stored as row E and the fused path treats it as one more routed column that every
-token selects with weight exactly 1.0 — never renormalised, never scaled. The unfused path (routed × scale, plus a
-separate shared MLP) is kept as the reference and must agree (tests/models/test_minimax_m3_layers.py).
+Storage: `w13 [E(+1), 2 I_r, H]` and `w2 [E(+1), H, I_r]` in the model dtype, I_r = I / tp_size (the experts'
+intermediate dim is split over ranks: rank r holds gate and up rows [r I_r, (r+1) I_r) and the matching w2
+columns; summing the ranks' outputs gives y). When the shared expert has the routed width (M3: 3072 = 3072) it is
+stored as row E and the router appends it as one more column that every token selects with weight exactly 1.0 —
+never renormalised, never scaled. A shared expert of another width is a separate `GatedMLP` (`shared_experts`).
 """
 
 from __future__ import annotations
 
+from typing import Hashable, Optional, Union
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ladle.kernels.fused_moe import fused_moe
+from ladle.kernels.moe_router import moe_router
+from ladle.layers.backends import op_backends
+from ladle.layers.linear import (check_shape, all_reduce_across_ranks, head_shard, replicated_weight_loader,
+                                 set_weight_loader)
+from ladle.layers.mlp import GatedMLP
 
-def swigluoai(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float, beta: float = 1.0) -> torch.Tensor:
-    """Clamped SwiGLU (GPT-OSS style, non-interleaved): (clip(up,±limit) + beta) · g·σ(alpha·g), g = min(gate, limit).
-
-    gate, up: [..., I] same dtype -> [..., I]. beta = 1.0 is M3's hard-coded "+1" (transformers MOD:190).
-    """
-    g = gate.clamp(max=limit)
-    u = up.clamp(min=-limit, max=limit)
-    return (u + beta) * (g * torch.sigmoid(g * alpha))
-
-
-def swigluoai_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, alpha: float, limit: float,
-                  beta: float = 1.0) -> torch.Tensor:
-    """One SwiGLU-OAI MLP: x [T, H], w13 [2I, H] = cat(gate, up) rows (gate first), w2 [H, I] -> [T, H]."""
-    gate, up = F.linear(x, w13).chunk(2, dim=-1)
-    return F.linear(swigluoai(gate, up, alpha, limit, beta), w2)
+ExpertId = Union[int, str, None]
 
 
-class MoE(nn.Module):
-    """Router + routed experts + one shared expert.
+class UnquantizedFusedMoEMethod:
+    """The plain method of FusedMoE: expert tables in the model dtype, run by the `fused_moe` op."""
 
-    forward(x [T, H]) -> [T, H] in x.dtype. `route(x)` exposes the choice for tests.
-    Parameters (checkpoint mapping in ladle/models/minimax_m3_weights.py):
-      gate_weight [E, H] float32, e_score_correction_bias [E] float32,
-      w13 [E+F, 2I, H], w2 [E+F, H, I] (F = 1 when the shared expert is folded in),
-      shared_w13 [2Is, H], shared_w2 [H, Is] only when it is not folded (widths differ).
+    def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
+                       params_dtype: Optional[torch.dtype], device, weight_loader) -> None:
+        """Register `layer.w13` [num_rows, 2 I_r, H] and `layer.w2` [num_rows, H, I_r] (uninitialised)."""
+        i_r = intermediate_size_per_partition
+        for name, shape in (("w13", (num_rows, 2 * i_r, hidden_size)), ("w2", (num_rows, hidden_size, i_r))):
+            p = nn.Parameter(torch.empty(*shape, dtype=params_dtype, device=device), requires_grad=False)
+            layer.register_parameter(name, set_weight_loader(p, weight_loader, 1))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              use_triton: bool) -> torch.Tensor:
+        """x [T, H], topk_ids / topk_weights [T, k] (rows of w13 / w2, weights) -> [T, H] in x.dtype."""
+        return fused_moe(x, layer.w13, layer.w2, topk_ids, topk_weights, layer.swiglu_alpha, layer.swiglu_limit,
+                         use_triton=use_triton)
+
+
+class FusedMoE(nn.Module):
+    """Router + routed experts + one shared expert (shared_intermediate_size 0: none).
+
+    forward(x [T, H], fuse_shared=True) -> [T, H] in x.dtype. fuse_shared False runs the shared expert as its own
+    op call and adds it (kept to check that folding it in changes nothing). `route(x)` exposes the routed choice.
+    Parameters: gate_weight [E, H] float32 and e_score_correction_bias [E] float32 (replicated on every rank),
+    w13, w2 (module doc; created by `quant_method`, an UnquantizedFusedMoEMethod now). Checkpoint names map through the model's name table to
+    `weight_loader(param, loaded_weight, shard_id=None, expert_id=None)`.
     """
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
-                 shared_intermediate_size: int, routed_scaling_factor: float, swiglu_alpha: float,
-                 swiglu_limit: float, swiglu_beta: float, dtype: torch.dtype, device: torch.device | str):
+                 shared_intermediate_size: int = 0, routed_scaling_factor: float = 1.0, swiglu_alpha: float = 1.702,
+                 swiglu_limit: float = 7.0, dtype: Optional[torch.dtype] = None,
+                 device: "torch.device | str | None" = None, tp_rank: int = 0, tp_size: int = 1,
+                 reduce_results: bool = True, quant_method: Optional[UnquantizedFusedMoEMethod] = None) -> None:
         super().__init__()
-        self.num_experts, self.top_k = num_experts, top_k
-        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.routed_scaling_factor = routed_scaling_factor
-        self.act = dict(alpha=swiglu_alpha, limit=swiglu_limit, beta=swiglu_beta)
+        self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
+        self.intermediate_size, self.routed_scaling_factor = intermediate_size, routed_scaling_factor
+        self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
+        self.tp_rank, self.tp_size, self.reduce_results = tp_rank, tp_size, reduce_results
+        self.intermediate_size_per_partition = head_shard(intermediate_size, tp_rank, tp_size)[1]
+        self.has_shared = shared_intermediate_size > 0
         self.shared_folded = shared_intermediate_size == intermediate_size
-        nf = num_experts + (1 if self.shared_folded else 0)
+        self.shared_experts = None
+        if self.has_shared and not self.shared_folded:
+            self.shared_experts = GatedMLP(hidden_size, shared_intermediate_size, "swigluoai", dtype=dtype,
+                                           device=device, tp_rank=tp_rank, tp_size=tp_size, reduce_results=False,
+                                           swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
 
-        def p(*shape, dt=dtype):
-            return nn.Parameter(torch.empty(*shape, dtype=dt, device=device), requires_grad=False)
+        def router_param(*shape):  # the router stays float32 and whole on every rank
+            p = nn.Parameter(torch.empty(*shape, dtype=torch.float32, device=device), requires_grad=False)
+            return set_weight_loader(p, replicated_weight_loader, None)
 
-        self.gate_weight = p(num_experts, hidden_size, dt=torch.float32)
-        self.e_score_correction_bias = p(num_experts, dt=torch.float32)
-        self.w13 = p(nf, 2 * intermediate_size, hidden_size)
-        self.w2 = p(nf, hidden_size, intermediate_size)
-        if not self.shared_folded:
-            self.shared_w13 = p(2 * shared_intermediate_size, hidden_size)
-            self.shared_w2 = p(hidden_size, shared_intermediate_size)
+        self.gate_weight = router_param(num_experts, hidden_size)
+        self.e_score_correction_bias = router_param(num_experts)
+        self.quant_method = quant_method or UnquantizedFusedMoEMethod()
+        self.quant_method.create_weights(self, num_experts + int(self.shared_folded), hidden_size,
+                                         self.intermediate_size_per_partition, dtype, device, self.weight_loader)
 
-    # -- routing -------------------------------------------------------------------------------------
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] -> (topk_ids [T, k] int64, topk_weights [T, k] float32 summing to routed_scaling_factor).
+    # -- loading -------------------------------------------------------------------------------------
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Hashable = None,
+                      expert_id: ExpertId = None) -> int:
+        """Copy one checkpoint expert tensor (full, all ranks) into this rank's slice.
 
-        The router GEMM runs in float32 on float32 weights (the checkpoint stores the router in fp32; a bf16
-        transformers oracle would downcast it, minimax_m3_vs_transformers.md B2).
-        """
-        logits = F.linear(x.float(), self.gate_weight.float())  # [T, E] fp32
-        scores = torch.sigmoid(logits)
-        choice = scores + self.e_score_correction_bias.float()
-        topk_ids = torch.topk(choice, self.top_k, dim=-1).indices  # ties: unspecified, as in transformers
-        w = scores.gather(1, topk_ids)
-        w = w / w.sum(dim=-1, keepdim=True) * self.routed_scaling_factor
-        return topk_ids, w
+        shard_id: "w1" (gate [I, H]), "w3" (up [I, H]), "w13" (gate rows then up rows [2I, H]) into `w13`;
+        "w2" (down [H, I]) into `w2`. expert_id: routed expert 0 <= e < E; "shared" = the folded shared expert
+        (row E); None = every routed expert at once (a tensor with a leading [E] dim, transformers' fused layout).
+        Returns the elements written. Raises ValueError on a bad shard / expert or a shape mismatch."""
+        if expert_id is None:
+            check_shape(f"{shard_id} of all experts", loaded_weight.shape[:1], [self.num_experts])
+            return sum(self.weight_loader(param, loaded_weight[e], shard_id, e) for e in range(self.num_experts))
+        row = self._expert_row(expert_id)
+        i, i_r, h = self.intermediate_size, self.intermediate_size_per_partition, self.hidden_size
+        start = self.tp_rank * i_r
+        if shard_id == "w13":
+            check_shape("w13", loaded_weight.shape, [2 * i, h])
+            gate, up = loaded_weight.split(i, dim=0)
+            return self.weight_loader(param, gate, "w1", expert_id) + self.weight_loader(param, up, "w3", expert_id)
+        if shard_id in ("w1", "w3"):
+            check_shape(f"{shard_id} of expert {expert_id}", loaded_weight.shape, [i, h])
+            dst = param.data[row].narrow(0, 0 if shard_id == "w1" else i_r, i_r)
+            dst.copy_(loaded_weight.narrow(0, start, i_r))
+        elif shard_id == "w2":
+            check_shape(f"w2 of expert {expert_id}", loaded_weight.shape, [h, i])
+            dst = param.data[row]
+            dst.copy_(loaded_weight.narrow(1, start, i_r))
+        else:
+            raise ValueError(f"unknown expert shard {shard_id!r} (w1, w3, w13, w2)")
+        return dst.numel()
 
-    # -- experts -------------------------------------------------------------------------------------
-    def _expert(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-        return swigluoai_mlp(x, w13, w2, **self.act)
+    def _expert_row(self, expert_id: ExpertId) -> int:
+        if expert_id == "shared":
+            if not self.shared_folded:
+                raise ValueError("this MoE has no folded shared expert row")
+            return self.num_experts
+        if not isinstance(expert_id, int) or not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"expert {expert_id!r} not in [0, num_experts {self.num_experts})")
+        return expert_id
 
-    def _grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Σ_slots weights[t, s] · Expert_{ids[t, s]}(x[t]), accumulated in float32. ids index rows of w13/w2."""
-        out = torch.zeros(x.shape[0], self.hidden_size, dtype=torch.float32, device=x.device)
-        flat_ids = ids.reshape(-1)
-        order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.w13.shape[0]).tolist()
-        tok = (order // ids.shape[1])
-        wts = weights.reshape(-1)[order]
-        start = 0
-        for e, c in enumerate(counts):
-            if c == 0:
-                continue
-            t_idx = tok[start:start + c]
-            y = self._expert(x[t_idx], self.w13[e], self.w2[e])
-            out.index_add_(0, t_idx, y.float() * wts[start:start + c, None])
-            start += c
-        return out
+    # -- forward -------------------------------------------------------------------------------------
+    def route(self, x: torch.Tensor, with_shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> (topk_ids [T, k(+1)] int32, topk_weights [T, k(+1)] float32; routed weights sum to
+        routed_scaling_factor; with_shared appends the folded shared column E with weight 1.0)."""
+        return moe_router(x, self.gate_weight, self.e_score_correction_bias, self.top_k, self.routed_scaling_factor,
+                          shared_expert=with_shared, use_triton=op_backends().triton_moe)
 
     def shared_expert(self, x: torch.Tensor) -> torch.Tensor:
-        """Shared expert output [T, H] in x.dtype (weight 1)."""
-        if self.shared_folded:
-            return self._expert(x, self.w13[self.num_experts], self.w2[self.num_experts])
-        return self._expert(x, self.shared_w13, self.shared_w2)
+        """The shared expert alone, weight 1: [T, H] in x.dtype (this rank's partial sum)."""
+        if self.shared_experts is not None:
+            return self.shared_experts(x)
+        ids = torch.full((x.shape[0], 1), self.num_experts, dtype=torch.int32, device=x.device)
+        ones = torch.ones((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        return self._experts(x, ids, ones)
 
-    def forward(self, x: torch.Tensor, fuse_shared: bool = True, use_kernels: bool = False) -> torch.Tensor:
-        """x [T, H] -> [T, H]. use_kernels: ladle.kernels router + fused MoE (graph-safe; each records its
-        dispatch and falls back to its own reference when ineligible); needs the folded shared expert and beta 1."""
-        if use_kernels and fuse_shared and self.shared_folded and self.act["beta"] == 1.0:
-            from ladle.kernels.fused_moe import fused_moe
-            from ladle.kernels.moe_router import moe_router
+    def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, ids, weights, use_triton=op_backends().triton_moe)
 
-            ids, w = moe_router(x, self.gate_weight, self.e_score_correction_bias, self.top_k,
-                                self.routed_scaling_factor, shared_expert=True)
-            return fused_moe(x, self.w13, self.w2, ids, w, self.act["alpha"], self.act["limit"])
-        ids, w = self.route(x)
-        if fuse_shared and self.shared_folded:
-            t = x.shape[0]
-            shared_col = torch.full((t, 1), self.num_experts, dtype=ids.dtype, device=ids.device)
-            ids = torch.cat([ids, shared_col], dim=1)
-            w = torch.cat([w, torch.ones(t, 1, dtype=w.dtype, device=w.device)], dim=1)  # exactly 1.0
-            return self._grouped(x, ids, w).to(x.dtype)
-        routed = self._grouped(x, ids, w).to(x.dtype)
-        return routed + self.shared_expert(x)
+    def forward(self, x: torch.Tensor, fuse_shared: bool = True) -> torch.Tensor:
+        fold = fuse_shared and self.shared_folded
+        ids, w = self.route(x, with_shared=fold)
+        out = self._experts(x, ids, w)
+        if self.has_shared and not fold:
+            out = out + self.shared_expert(x)
+        return all_reduce_across_ranks(out, self.tp_size) if self.reduce_results else out
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, top_k={self.top_k}, I_per_rank={self.intermediate_size_per_partition}, "
+                f"shared={'folded' if self.shared_folded else self.shared_experts is not None}, "
+                f"tp={self.tp_rank}/{self.tp_size}")

@@ -8,8 +8,11 @@ NeoX style (`is_neox_style=True`, what HF Llama/Qwen2 checkpoints use) pairs cha
 e.g. `partial_rotary_factor` 0.5) only the first `rotary_dim` channels of each head rotate; the rest pass
 through unchanged.
 
-inv_freq is computed exactly as transformers does (int64 arange -> float32, `base ** (arange / dim)`) and
-angles as float32 `position * inv_freq`, so float32 results match the reference bit for bit on the cache.
+inv_freq is computed exactly as transformers does (int64 arange -> float32, `base ** (arange / dim)`) and the
+cos | sin table by `ladle.kernels.rope.rope_cos_sin_cache` in its transformers mode (float32 angles
+`position * inv_freq`), so the table matches the reference bit for bit. The rotation itself is the op
+`ladle.kernels.rope.apply_rope` (Triton when `backends.fused_norms`, else `apply_rope_ref`, float32 math, one
+rounding); MiniMax-M3 takes `cos_sin` rows and rotates inside `RMSNorm.norm_rope` (`head_norm_rope`).
 
 Scaling (`rope_scaling` / transformers-5 `rope_parameters`): "default", "linear" (inv_freq / factor) and
 "llama3" (Llama 3.1 frequency-dependent scaling; formula from Meta's llama-models `apply_scaling`, also
@@ -23,6 +26,9 @@ from typing import Optional
 
 import torch
 from torch import nn
+
+from ladle.kernels.rope import apply_rope, cos_sin_rows, rope_cos_sin_cache
+from ladle.layers.backends import op_backends
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -58,69 +64,53 @@ def compute_inv_freq(rotary_dim: int, base: float, scaling: Optional[dict] = Non
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to packed q and k.
+    """RoPE over the first `rotary_dim` channels of each head (partial rotary when rotary_dim < head_dim).
 
     Args:
       head_dim: channels per head. rotary_dim: rotated channels per head (<= head_dim, even).
-      max_position: cache length; positions must be < max_position (asserted on CPU only, to stay sync-free).
+      max_position: table length; positions must be < max_position (asserted on CPU only, to stay sync-free).
       base: rope_theta. scaling: rope scaling dict or None. is_neox_style: see module docstring.
     Buffer: cos_sin_cache [max_position, rotary_dim] float32 = cat(cos, sin) over the rotary_dim/2 frequencies.
-
-    forward(positions [T] int64, q [T, Hq * head_dim], k [T, Hk * head_dim]) -> (q, k) rotated, same shapes and
-    dtype (new tensors; inputs are not mutated). Rotation math runs in the input dtype with cos/sin cast to it,
-    as transformers does.
     """
 
-    def __init__(
-        self,
-        head_dim: int,
-        rotary_dim: int,
-        max_position: int,
-        base: float,
-        scaling: Optional[dict] = None,
-        is_neox_style: bool = True,
-        device: "torch.device | str | None" = None,
-    ) -> None:
+    def __init__(self, head_dim: int, rotary_dim: int, max_position: int, base: float,
+                 scaling: Optional[dict] = None, is_neox_style: bool = True,
+                 device: "torch.device | str | None" = None) -> None:
         super().__init__()
         assert rotary_dim <= head_dim and rotary_dim % 2 == 0, (rotary_dim, head_dim)
-        self.head_dim = head_dim
-        self.rotary_dim = rotary_dim
-        self.max_position = max_position
-        self.is_neox_style = is_neox_style
-        self.base = base
+        self.head_dim, self.rotary_dim, self.max_position = head_dim, rotary_dim, max_position
+        self.is_neox_style, self.base = is_neox_style, base
         self.scaling = dict(scaling) if scaling else None
-        self.register_buffer("cos_sin_cache", self._compute_cache(device), persistent=False)
+        inv_freq = compute_inv_freq(rotary_dim, base, self.scaling)  # on the CPU, as transformers does
+        cache = rope_cos_sin_cache(rotary_dim, max_position, base, device=device, inv_freq=inv_freq)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
-    def _compute_cache(self, device: "torch.device | None") -> torch.Tensor:
-        """[max_position, rotary_dim] float32: cat(cos, sin) of position * inv_freq."""
-        inv_freq = compute_inv_freq(self.rotary_dim, self.base, self.scaling).to(device)  # computed on CPU
-        positions = torch.arange(self.max_position, dtype=torch.int64, device=device).to(torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [max_position, rotary_dim // 2] float32
-        return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, H, head_dim]; cos/sin [T, 1, rotary_dim // 2] in x's dtype."""
-        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        if self.is_neox_style:
-            x1, x2 = rot.chunk(2, dim=-1)
-            out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        else:
-            x1, x2 = rot[..., 0::2], rot[..., 1::2]
-            out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-        if rest.shape[-1] == 0:
-            return out
-        return torch.cat([out, rest], dim=-1)
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _check(self, positions: torch.Tensor) -> None:
         if positions.device.type == "cpu" and positions.numel():
             assert int(positions.max()) < self.max_position, "position beyond the RoPE cache"
-        cos_sin = self.cos_sin_cache.index_select(0, positions).to(q.dtype)  # [T, rotary_dim]
-        cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # each [T, 1, rotary_dim // 2]
-        # HF multiplies by the full-width cos = cat(c, c) and rotate_half; the half-width form below computes
-        # the same products and sums, so float results are identical.
-        num_tokens = positions.shape[0]
-        q_rot = self._rotate(q.view(num_tokens, -1, self.head_dim), cos, sin)
-        k_rot = self._rotate(k.view(num_tokens, -1, self.head_dim), cos, sin)
-        return q_rot.reshape(q.shape), k_rot.reshape(k.shape)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64, q [T, Hq * head_dim], k [T, Hk * head_dim] (column views of a qkv output are fine)
+        -> (q, k) rotated, same shapes and dtype: new tensors, or q and k themselves rotated in place when
+        `inplace` (the model's choice: no copy)."""
+        self._check(positions)
+        if not inplace:
+            q, k = q.clone(), k.clone()
+        t = positions.shape[0]
+        qh = q.view(t, -1, self.head_dim)
+        kh = k.view(t, -1, self.head_dim)
+        apply_rope(qh, kh, positions, self.cos_sin_cache, self.rotary_dim, self.is_neox_style,
+                   use_triton=op_backends().fused_norms)
+        return q, k
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64 -> (cos, sin) each [T, rotary_dim] (full width, cat(c, c)) in `dtype`: float32
+        table rows cast to the activation dtype, as transformers does (MiniMax-M3's `norm_rope` input)."""
+        self._check(positions)
+        cos, sin = cos_sin_rows(self.cos_sin_cache, positions)
+        return cos.to(dtype), sin.to(dtype)
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, max_position={self.max_position}, "
+                f"base={self.base}, neox={self.is_neox_style}")

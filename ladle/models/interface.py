@@ -2,8 +2,9 @@
 
 Construction: `cls(hf_config: dict, dtype: torch.dtype, device: torch.device)` where `hf_config` is the
 parsed config.json (text config for multimodal wrappers) as a plain dict, overrides already merged.
-Weights: `load_weights(iterable of (checkpoint_name, tensor))` maps checkpoint names through one declared
-table; `init_dummy_weights(seed)` fills small uniform random values (for `--load-format dummy`).
+Weights: `load_weights(iterable of (checkpoint_name, tensor))` maps checkpoint names through the model's one
+declared name table to each parameter's `weight_loader` (ladle/models/weights.py: `load_weights_by_table`);
+`init_dummy_weights(seed)` calls the one dummy initialiser (`ladle.models.weights.init_dummy_weights`).
 """
 
 from __future__ import annotations

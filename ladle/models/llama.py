@@ -1,10 +1,12 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral without sliding window, dense Qwen2), HF-shaped.
 
 Follows transformers' `LlamaForCausalLM` math (pre-norm decoder, RMSNorm, RoPE NeoX style, GQA, SwiGLU MLP)
-with serving changes: q/k/v and gate/up are merged GEMMs, the residual add is fused into the next norm, and
-attention reads/writes the paged KV cache through `ladle.layers.attention.layer.Attention`.
+with serving changes: q/k/v and gate/up are merged GEMMs (QKVParallelLinear, MergedColumnParallelLinear), the
+residual add is fused into the next norm, and attention reads/writes the paged KV cache through
+`ladle.layers.attention.layer.Attention`. Norms and RoPE run the fused Triton kernels when the forward context's
+`backends.fused_norms` asks for them (ladle/layers/norm.py, rotary.py).
 
-Module names match HF checkpoints, except the merged projections (see `STACKED_PARAMS`):
+Module names match HF checkpoints, except the merged projections (see `WEIGHT_RULES`):
     model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{qkv_proj, o_proj},
     post_attention_layernorm, mlp.{gate_up_proj, down_proj}}, model.norm, lm_head (tied to embed_tokens
     when `tie_word_embeddings`).
@@ -19,25 +21,27 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from ladle.layers.activation import silu_and_mul
 from ladle.layers.attention.layer import Attention
 from ladle.layers.attention.metadata import LayerCacheSpec
-from ladle.layers.embedding import VocabEmbedding
-from ladle.layers.linear import MergedLinear
+from ladle.layers.linear import QKVParallelLinear, RowParallelLinear
+from ladle.layers.mlp import GatedMLP
 from ladle.layers.norm import RMSNorm
 from ladle.layers.rotary import RotaryEmbedding
+from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from ladle.models.weights import WeightNameTable, WeightRule, init_dummy_weights, load_weights_by_table
 
-# Checkpoint piece -> (merged ladle module, shard id). Matched on the module-name component.
-STACKED_PARAMS: tuple[tuple[str, str, object], ...] = (
-    ("qkv_proj", "q_proj", "q"),
-    ("qkv_proj", "k_proj", "k"),
-    ("qkv_proj", "v_proj", "v"),
-    ("gate_up_proj", "gate_proj", 0),
-    ("gate_up_proj", "up_proj", 1),
+# The name table: HF checkpoint name -> (ladle parameter, shard id); anything else maps to itself.
+WEIGHT_RULES: tuple[WeightRule, ...] = (
+    WeightRule(r"(.+)\.self_attn\.([qkv])_proj\.(weight|bias)", r"\1.self_attn.qkv_proj.\3", shard_id=r"\2"),
+    WeightRule(r"(.+)\.mlp\.gate_proj\.(weight|bias)", r"\1.mlp.gate_up_proj.\2", shard_id=0),
+    WeightRule(r"(.+)\.mlp\.up_proj\.(weight|bias)", r"\1.mlp.gate_up_proj.\2", shard_id=1),
+    WeightRule(r"(.+)", r"\1"),
 )
 # Checkpoint tensors that carry nothing the model needs (old checkpoints saved RoPE's inv_freq buffer).
-SKIP_SUFFIXES: tuple[str, ...] = ("rotary_emb.inv_freq",)
-DUMMY_INIT_RANGE = 1e-3  # uniform(-r, r) for dummy weights: keeps 30+ layer stacks finite
+SKIP_PATTERNS: tuple[str, ...] = (r".*rotary_emb\.inv_freq$",)
+# Dummy weights: every bound capped at 1e-3 and norms exactly 1, which keeps 30+ layer stacks finite and the
+# values small (tests/models/test_loader.py checks this at SmolLM2's shapes).
+DUMMY_MAX_ABS = 1e-3
 
 
 @dataclass(frozen=True)
@@ -99,37 +103,24 @@ class LlamaArgs:
         )
 
 
-class LlamaAttentionBlock(nn.Module):
+class LlamaAttention(nn.Module):
     """qkv_proj -> RoPE -> paged Attention -> o_proj. forward(positions [T], x [T, H]) -> [T, H]."""
 
     def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         super().__init__()
-        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-        self.qkv_proj = MergedLinear(args.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size},
-                                     bias=args.qkv_bias, dtype=dtype, device=device)
-        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias, dtype=dtype, device=device)
+        d = args.head_dim
+        self.qkv_proj = QKVParallelLinear(args.hidden_size, d, args.num_heads, args.num_kv_heads,
+                                          bias=args.qkv_bias, dtype=dtype, device=device)
+        self.o_proj = RowParallelLinear(args.num_heads * d, args.hidden_size, bias=args.o_bias, dtype=dtype,
+                                        device=device)
         self.rotary = [rotary]  # shared across layers; a list keeps it out of this module's state_dict
-        self.attn = Attention(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim**-0.5, layer_idx)
+        self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d, d**-0.5, layer_idx)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj.output_slices(self.qkv_proj(x))
-        q, k = self.rotary[0](positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous()))
-
-
-class LlamaMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate/up merged. forward(x [T, H]) -> [T, H]."""
-
-    def __init__(self, args: LlamaArgs, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__()
-        self.gate_up_proj = MergedLinear(args.hidden_size, {0: args.intermediate_size, 1: args.intermediate_size},
-                                         bias=args.mlp_bias, dtype=dtype, device=device)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias, dtype=dtype,
-                                   device=device)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))  # column views of one GEMM output
+        q, k = self.rotary[0](positions, q, k, inplace=True)
+        return self.o_proj(self.attn(q, k, v))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -140,35 +131,30 @@ class LlamaDecoderLayer(nn.Module):
                  device: torch.device) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
-        self.self_attn = LlamaAttentionBlock(args, rotary, layer_idx, dtype, device)
+        self.self_attn = LlamaAttention(args, rotary, layer_idx, dtype, device)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
-        self.mlp = LlamaMLP(args, dtype, device)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, "silu", bias=args.mlp_bias, dtype=dtype,
+                            device=device)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
+        x, residual = self.input_layernorm.add_norm(x, residual)
         x = self.self_attn(positions, x)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
-    """Parameters are created on `param_device` (the meta device while building, see `_materialize`); the RoPE
-    cache on `device`."""
-
-    def __init__(self, args: LlamaArgs, dtype: torch.dtype, device: torch.device, param_device: torch.device) -> None:
+    def __init__(self, args: LlamaArgs, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(args.vocab_size, args.hidden_size, dtype=dtype, device=param_device)
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, dtype=dtype, device=device)
         self.rotary_emb = RotaryEmbedding(args.head_dim, args.rotary_dim, args.max_position, args.rope_theta,
                                           args.rope_scaling, is_neox_style=True, device=device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(args, self.rotary_emb, i, dtype, param_device) for i in range(args.num_layers)
+            LlamaDecoderLayer(args, self.rotary_emb, i, dtype, device) for i in range(args.num_layers)
         )
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=param_device)
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -177,22 +163,6 @@ class LlamaModel(nn.Module):
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
         return x
-
-
-def _materialize(root: nn.Module, device: torch.device) -> None:
-    """Replace meta parameters with uninitialised ones on `device` (RMSNorm weights = 1); a parameter shared by
-    several modules (tied embeddings) stays shared. Inference only: parameters do not require grad."""
-    done: dict[int, nn.Parameter] = {}
-    for module in root.modules():
-        for name, param in list(module._parameters.items()):
-            if param is None:
-                continue
-            if id(param) not in done:
-                data = torch.empty(param.shape, dtype=param.dtype, device=device)
-                if isinstance(module, RMSNorm):
-                    data.fill_(1.0)
-                done[id(param)] = nn.Parameter(data, requires_grad=False)
-            module._parameters[name] = done[id(param)]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -208,15 +178,13 @@ class LlamaForCausalLM(nn.Module):
         self.hf_config = dict(hf_config)
         self.args = LlamaArgs.from_hf(hf_config)
         self.dtype = dtype
-        # Parameters are built on the meta device and materialised uninitialised: no random init of weights that
-        # loading (or init_dummy_weights) overwrites anyway. (Explicit device arguments, not a `torch.device`
-        # context: under that context torch routes factory calls through Python refs, which is slow.)
-        device, meta = torch.device(device), torch.device("meta")
-        self.model = LlamaModel(self.args, dtype, device, meta)
-        self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False, dtype=dtype, device=meta)
+        device = torch.device(device)
+        self.model = LlamaModel(self.args, dtype, device)
+        self.lm_head = ParallelLMHead(self.args.vocab_size, self.args.hidden_size, dtype=dtype, device=device)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        _materialize(self, device)
+        skip = SKIP_PATTERNS + ((r"lm_head\.weight$",) if self.args.tie_word_embeddings else ())
+        self.weight_names = WeightNameTable(WEIGHT_RULES, skip=skip)
 
     @classmethod
     def required_block_size(cls, hf_config: dict) -> Optional[int]:
@@ -229,57 +197,17 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [N, hidden] -> logits [N, vocab] float32."""
-        return self.lm_head(hidden_states).float()
+        return self.lm_head.compute_logits(hidden_states).float()
 
     def kv_cache_specs(self) -> list[LayerCacheSpec]:
         return [LayerCacheSpec(self.args.num_kv_heads, self.args.head_dim) for _ in range(self.args.num_layers)]
 
-    def _route(self, name: str) -> tuple[str, object]:
-        """Checkpoint name -> (ladle parameter name, shard id or None)."""
-        parts = name.split(".")
-        for merged, piece, shard_id in STACKED_PARAMS:
-            if piece in parts:
-                parts[parts.index(piece)] = merged
-                return ".".join(parts), shard_id
-        return name, None
-
-    @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy HF-named tensors in (cast to the parameter dtype/device). Returns the parameter names fully
-        loaded (a merged parameter counts once all its shards arrived). Raises KeyError on an unknown name,
-        ValueError on a shape mismatch. Skips `SKIP_SUFFIXES` and `lm_head.weight` when embeddings are tied."""
-        params = dict(self.named_parameters())
-        shards_seen: dict[str, set] = {}
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if name.endswith(SKIP_SUFFIXES) or (self.args.tie_word_embeddings and name == "lm_head.weight"):
-                continue
-            target, shard_id = self._route(name)
-            if target not in params:
-                raise KeyError(f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}")
-            if shard_id is None:
-                if tuple(params[target].shape) != tuple(tensor.shape):
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != "
-                                     f"{tuple(params[target].shape)}")
-                params[target].copy_(tensor)
-                loaded.add(target)
-                continue
-            module_name, param_name = target.rsplit(".", 1)
-            module = self.get_submodule(module_name)
-            module.load_shard(param_name, shard_id, tensor)
-            shards_seen.setdefault(target, set()).add(shard_id)
-            if len(shards_seen[target]) == len(module.output_sizes):
-                loaded.add(target)
-        return loaded
+        """Copy HF-named tensors in through the name table (ladle/models/weights.py). Returns the parameter names
+        fully loaded (a merged parameter counts once all its shards arrived). Raises KeyError on an unknown name,
+        ValueError on a shape mismatch. Skips `SKIP_PATTERNS` and `lm_head.weight` when embeddings are tied."""
+        return load_weights_by_table(self, weights, self.weight_names)
 
-    @torch.no_grad()
     def init_dummy_weights(self, seed: int) -> None:
-        """Norm weights = 1, everything else uniform(-DUMMY_INIT_RANGE, DUMMY_INIT_RANGE), from a generator
-        seeded with `seed` on the parameters' device (same seed, same device -> same weights)."""
-        device = next(self.parameters()).device
-        gen = torch.Generator(device=device).manual_seed(seed)
-        for name, param in self.named_parameters():
-            if isinstance(self.get_submodule(name.rsplit(".", 1)[0]), RMSNorm):
-                param.fill_(1.0)
-            else:
-                param.uniform_(-DUMMY_INIT_RANGE, DUMMY_INIT_RANGE, generator=gen)
+        """Norm weights = 1, everything else uniform within ±DUMMY_MAX_ABS (ladle/models/weights.py)."""
+        init_dummy_weights(self, seed, norm_noise=0.0, max_abs=DUMMY_MAX_ABS)

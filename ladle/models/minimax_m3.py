@@ -4,14 +4,17 @@
 partial NeoX RoPE, GQA; layers marked sparse add the MSA indexer (per-GQA-group block top-k) and attend only to
 the selected blocks; layers marked MoE use the sigmoid-routed experts with the shared expert folded in.
 
+Built from the generic layer kit (ladle/layers: RMSNorm with weight_offset 1, RotaryEmbedding, QKVParallelLinear
+carrying the MSA index q/k as extra head shards of the same GEMM, RowParallelLinear, GatedMLP, FusedMoE).
 Registered (ladle/models/registry.py) for `MiniMaxM3SparseForConditionalGeneration`, `MiniMaxM3SparseForCausalLM`
-and `MiniMaxM3VLForCausalLM`. Checkpoint names map through ladle/models/minimax_m3_weights.py.
+and `MiniMaxM3VLForCausalLM`. Checkpoint names map through the name table in ladle/models/minimax_m3_weights.py.
 
 Forward contract (ladle/models/interface.py): reads `get_forward_context()`; writes K, V and (sparse layers)
 index-K for every token with slot >= 0. `ctx.backends` (ladle.layers.attention.metadata.OpBackends, the runner's
 choice) selects the ladle.kernels path for attention and the indexer (`attention`), the MoE (`moe`) and the norms
-(`fused_norms`: residual add + RMSNorm and per-head norm + RoPE fused into one kernel each), or the references. When `ctx.extras["record_msa_selection"]` is truthy, the selections are
-left in `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
+(`fused_norms`: residual add + RMSNorm and per-head norm + RoPE fused into one kernel each), or the references.
+When `ctx.extras["record_msa_selection"]` is truthy, each MSA layer's Attention leaves its selections in
+`ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
 """
 
 from __future__ import annotations
@@ -19,94 +22,92 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ladle.layers.attention.layer import Attention, MSAParams
 from ladle.layers.attention.metadata import LayerCacheSpec, get_forward_context
-from ladle.layers.embedding import VocabEmbedding
-from ladle.layers.linear import MergedLinear
-from ladle.layers.moe import MoE
+from ladle.layers.linear import QKVParallelLinear, RowParallelLinear
+from ladle.layers.mlp import GatedMLP
+from ladle.layers.moe import FusedMoE
+from ladle.layers.norm import RMSNorm
+from ladle.layers.rotary import RotaryEmbedding
+from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from ladle.models.minimax_m3_config import M3Config, parse_m3_config
-from ladle.models.minimax_m3_layers import DenseMLP, GemmaRMSNorm, PartialNeoxRope
-from ladle.models.minimax_m3_weights import M3WeightLoader, init_dummy
+from ladle.models.minimax_m3_weights import dequantize_fp8_pairs, m3_weight_table
+from ladle.models.weights import init_dummy_weights, load_weights_by_table
 
 
-class Proj(nn.Module):
-    """Bias-free linear, weight [out, in] (PyTorch layout, as on disk)."""
-
-    def __init__(self, n_in: int, n_out: int, dtype: torch.dtype, device):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype, device=device), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+def _gemma_norm(dim: int, cfg: M3Config, dtype: torch.dtype, device) -> RMSNorm:
+    """M3's norms are Gemma-style: scale 1 + w, float32 math (design/minimax_m3.md §3.2)."""
+    return RMSNorm(dim, cfg.rms_norm_eps, weight_offset=1.0, dtype=dtype, device=device)
 
 
 class Indexer(nn.Module):
-    """MSA index branch: 4 (= kv heads) index-q heads, one shared index-k head; both normed and roped. Its q/k
-    projections are shards "iq"/"ik" of the attention's `qkv_proj`."""
+    """MSA index branch: index_n_heads (= kv heads) index-q heads, one shared index-k head; both normed and roped.
+    Its q/k projections are shards "iq"/"ik" of the attention's `qkv_proj`."""
 
-    def __init__(self, cfg: M3Config, dtype: torch.dtype, device):
+    def __init__(self, cfg: M3Config, num_heads: int, dtype: torch.dtype, device):
         super().__init__()
-        self.ni, self.di = cfg.index_n_heads, cfg.index_head_dim
-        self.q_norm = GemmaRMSNorm(self.di, cfg.rms_norm_eps, dtype, device)
-        self.k_norm = GemmaRMSNorm(self.di, cfg.rms_norm_eps, dtype, device)
+        self.ni, self.di = num_heads, cfg.index_head_dim
+        self.q_norm = _gemma_norm(self.di, cfg, dtype, device)
+        self.k_norm = _gemma_norm(self.di, cfg, dtype, device)
 
-    def forward(self, iq: torch.Tensor, ik: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, iq: torch.Tensor, ik: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Projected iq [T, ni*di], ik [T, di] (column views are fine) -> (index_q [T, ni, di], index_k [T, di]),
-        normed and roped (fused: one kernel per tensor)."""
+        normed and roped (`RMSNorm.norm_rope`)."""
         t = iq.shape[0]
-        iq = self.q_norm.norm_rope(iq.view(t, self.ni, self.di), cos, sin, fused)
-        ik = self.k_norm.norm_rope(ik.view(t, 1, self.di), cos, sin, fused)
+        iq = self.q_norm.norm_rope(iq.view(t, self.ni, self.di), cos, sin)
+        ik = self.k_norm.norm_rope(ik.view(t, 1, self.di), cos, sin)
         return iq, ik.view(t, self.di)
 
 
 class M3Attention(nn.Module):
-    def __init__(self, cfg: M3Config, sparse: bool, dtype: torch.dtype, device, layer_idx: int):
+    """q/k/v (+ index q/k on sparse layers) in one GEMM -> per-head norm + RoPE -> paged (MSA) attention -> o_proj."""
+
+    def __init__(self, cfg: M3Config, layer_idx: int, sparse: bool, dtype: torch.dtype, device):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.scale = d ** -0.5
-        # q, k, v (and the indexer's q, k) read the same input: one GEMM (checkpoint pieces load into row shards)
-        shards = {"q": self.nh * d, "k": self.nkv * d, "v": self.nkv * d}
-        if sparse:
-            shards.update(iq=cfg.index_n_heads * cfg.index_head_dim, ik=cfg.index_head_dim)
-        self.qkv_proj = MergedLinear(h, shards, bias=False, dtype=dtype, device=device)
-        self.o_proj = Proj(self.nh * d, h, dtype, device)
-        self.q_norm = GemmaRMSNorm(d, cfg.rms_norm_eps, dtype, device)
-        self.k_norm = GemmaRMSNorm(d, cfg.rms_norm_eps, dtype, device)
-        self.indexer = Indexer(cfg, dtype, device) if sparse else None
+        extra = {"iq": (cfg.index_n_heads, cfg.index_head_dim), "ik": (1, cfg.index_head_dim)} if sparse else None
+        self.qkv_proj = QKVParallelLinear(h, d, cfg.num_attention_heads, cfg.num_key_value_heads, extra_heads=extra,
+                                          dtype=dtype, device=device)
+        self.nh, self.nkv, self.d = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, h, dtype=dtype, device=device)
+        self.q_norm = _gemma_norm(d, cfg, dtype, device)
+        self.k_norm = _gemma_norm(d, cfg, dtype, device)
+        self.indexer = None
+        if sparse:  # this rank's index-q heads: the "iq" shard of qkv_proj
+            self.indexer = Indexer(cfg, self.qkv_proj.shards["iq"].rows // cfg.index_head_dim, dtype, device)
         msa = MSAParams(cfg.index_block_size, cfg.index_topk_blocks, cfg.index_local_blocks,
                         cfg.index_head_dim) if sparse else None
-        self.attn = Attention(self.nh, self.nkv, d, self.scale, layer_idx, msa=msa)
+        self.attn = Attention(self.nh, self.nkv, d, d ** -0.5, layer_idx, msa=msa)
 
-    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """a [T, H] (input-normed) -> out [T, H]. fused: per-head norm + RoPE in one kernel per tensor instead of
-        the torch composition."""
+    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """a [T, H] (input-normed), cos/sin [T, rotary_dim] -> out [T, H]. The Attention layer writes K/V (+ index-K)
+        and records MSA selections when the forward context asks for them."""
         t = a.shape[0]
-        parts = self.qkv_proj.output_slices(self.qkv_proj(a))  # column views of one GEMM output
-        q = self.q_norm.norm_rope(parts[0].view(t, self.nh, self.d), cos, sin, fused)
-        k = self.k_norm.norm_rope(parts[1].view(t, self.nkv, self.d), cos, sin, fused)
+        parts = self.qkv_proj.split(self.qkv_proj(a))  # column views of one GEMM output
+        q = self.q_norm.norm_rope(parts[0].view(t, self.nh, self.d), cos, sin)
+        k = self.k_norm.norm_rope(parts[1].view(t, self.nkv, self.d), cos, sin)
         v = parts[2].view(t, self.nkv, self.d)  # row-strided view: the KV stores take row strides
-        iq, ik = self.indexer(parts[3], parts[4], cos, sin, fused) if self.indexer is not None else (None, None)
+        iq, ik = self.indexer(parts[3], parts[4], cos, sin) if self.indexer is not None else (None, None)
         return self.o_proj(self.attn(q, k, v, iq, ik))
 
 
 class M3DecoderLayer(nn.Module):
     def __init__(self, cfg: M3Config, idx: int, dtype: torch.dtype, device):
         super().__init__()
-        self.self_attn = M3Attention(cfg, cfg.sparse_layers[idx], dtype, device, idx)
-        act = dict(alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit, beta=cfg.swiglu_beta)
+        self.self_attn = M3Attention(cfg, idx, cfg.sparse_layers[idx], dtype, device)
         if cfg.moe_layers[idx]:
-            self.mlp: nn.Module = MoE(cfg.hidden_size, cfg.num_local_experts, cfg.num_experts_per_tok,
-                                      cfg.intermediate_size, cfg.shared_intermediate_size, cfg.routed_scaling_factor,
-                                      cfg.swiglu_alpha, cfg.swiglu_limit, cfg.swiglu_beta, dtype, device)
+            self.mlp: nn.Module = FusedMoE(
+                cfg.hidden_size, cfg.num_local_experts, cfg.num_experts_per_tok, cfg.intermediate_size,
+                cfg.shared_intermediate_size, cfg.routed_scaling_factor, cfg.swiglu_alpha, cfg.swiglu_limit,
+                dtype=dtype, device=device)
         else:
-            self.mlp = DenseMLP(cfg.hidden_size, cfg.dense_intermediate_size, act, dtype, device)
-        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.dense_intermediate_size, "swigluoai", dtype=dtype, device=device,
+                                swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit)
+        self.input_layernorm = _gemma_norm(cfg.hidden_size, cfg, dtype, device)
+        self.post_attention_layernorm = _gemma_norm(cfg.hidden_size, cfg, dtype, device)
 
 
 class MiniMaxM3ForCausalLM(nn.Module):
@@ -116,13 +117,16 @@ class MiniMaxM3ForCausalLM(nn.Module):
         super().__init__()
         cfg = parse_m3_config(hf_config)
         self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
-        self.fuse_shared_expert = True  # the unfused path stays for tests
-        # VocabEmbedding: same `weight` and lookup as nn.Embedding, without a random init that loading overwrites
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.fuse_shared_expert = True  # False runs the shared expert as its own op call (a test checks equality)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(M3DecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_hidden_layers))
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.lm_head = None if cfg.tie_word_embeddings else Proj(cfg.hidden_size, cfg.vocab_size, dtype, device)
-        self.rotary = PartialNeoxRope(cfg.rotary_dim, cfg.rope_theta, device)
+        self.norm = _gemma_norm(cfg.hidden_size, cfg, dtype, device)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                      device=device)
+        self.weight_names = m3_weight_table(cfg)
 
     # -- protocol --------------------------------------------------------------------------------------
     @classmethod
@@ -132,9 +136,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         return cfg.index_block_size if cfg.has_sparse_layers else None
 
     def kv_cache_specs(self) -> list[LayerCacheSpec]:
-        c = self.config
-        return [LayerCacheSpec(c.num_key_value_heads, c.head_dim, c.index_head_dim if s else 0)
-                for s in c.sparse_layers]
+        return [layer.self_attn.attn.kv_cache_spec() for layer in self.layers]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -142,32 +144,29 @@ class MiniMaxM3ForCausalLM(nn.Module):
         ctx = get_forward_context()
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        kernels = ctx.backends.triton_moe
-        fused = ctx.backends.fused_norms
         h = None  # the residual stream; each residual add happens inside the next norm (`add_norm`)
         for layer in self.layers:
-            a, h = layer.input_layernorm.add_norm(x, h, fused)
-            attn = layer.self_attn(a, cos, sin, fused)
-            b, h = layer.post_attention_layernorm.add_norm(attn, h, fused)
-            if isinstance(layer.mlp, MoE):
-                x = layer.mlp(b, fuse_shared=self.fuse_shared_expert, use_kernels=kernels)
+            a, h = layer.input_layernorm.add_norm(x, h)
+            attn = layer.self_attn(a, cos, sin)
+            b, h = layer.post_attention_layernorm(attn, h)
+            if isinstance(layer.mlp, FusedMoE):
+                x = layer.mlp(b, fuse_shared=self.fuse_shared_expert)
             else:
                 x = layer.mlp(b)
-        return self.norm.add_norm(x, h, fused)[0]
+        return self.norm.add_norm(x, h)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [N, H] -> logits [N, vocab] float32."""
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden_states, w).float()
+        return self.lm_head.compute_logits(hidden_states).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16 or MXFP8.
-
-        Returns the names of parameters whose every piece was written. Raises ValueError on unknown names (outside
-        the documented skip list: vision tower, projector, patch merge, MTP) and on shape mismatches.
-        """
-        return M3WeightLoader(self).load(weights)
+        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16 or MXFP8 (dequantised
+        here), through the one name table. Returns the names of parameters whose every piece was written. Raises
+        ValueError on unknown names (outside the documented skip list: vision tower, projector, patch merge, MTP) and
+        on shape mismatches."""
+        return load_weights_by_table(self, dequantize_fp8_pairs(weights), self.weight_names)
 
     def init_dummy_weights(self, seed: int) -> None:
-        init_dummy(self, seed)
+        """Norms at (1 + w) = 1 ± 0.1, matrices ±1/sqrt(fan_in), embeddings ±1 (ladle/models/weights.py)."""
+        init_dummy_weights(self, seed, norm_noise=0.1)

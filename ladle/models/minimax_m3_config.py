@@ -51,7 +51,6 @@ class M3Config:
     routed_scaling_factor: float
     swiglu_alpha: float
     swiglu_limit: float
-    swiglu_beta: float
     sparse_layers: tuple[bool, ...]  # MSA attention + indexer
     moe_layers: tuple[bool, ...]  # MoE block (else dense MLP)
     index_n_heads: int
@@ -86,6 +85,7 @@ def _assert_released(tc: dict, sc: dict) -> None:
         (tc, "scoring_func", "sigmoid"),
         (tc, "use_routing_bias", True),
         (tc, "n_shared_experts", 1),
+        (tc, "swiglu_beta", 1.0),  # the "+ 1" of swigluoai (transformers MOD:190; the fused MoE kernel's epilogue)
         (sc, "use_sparse_attention", True),
         (sc, "sparse_init_block", 0),
         (sc, "sparse_score_type", "max"),
@@ -191,7 +191,6 @@ def parse_m3_config(hf_config: dict) -> M3Config:
         num_local_experts=int(tc["num_local_experts"]), num_experts_per_tok=int(tc["num_experts_per_tok"]),
         routed_scaling_factor=float(tc.get("routed_scaling_factor", 2.0)),
         swiglu_alpha=float(tc.get("swiglu_alpha", 1.702)), swiglu_limit=float(tc.get("swiglu_limit", 7.0)),
-        swiglu_beta=float(tc.get("swiglu_beta", 1.0)),
         sparse_layers=sparse, moe_layers=moe, **idx,
         bos_token_id=int(200034 if bos is None else bos),
         eos_token_id=200020 if eos is None else eos,

@@ -7,7 +7,9 @@ import torch
 
 from ladle.kernels._common import interpreting
 from ladle.kernels.head_norm_rope import head_norm_rope, head_norm_rope_ref
-from ladle.models.minimax_m3_layers import GemmaRMSNorm, PartialNeoxRope
+from ladle.kernels.rope import rotate_ref
+from ladle.layers.norm import RMSNorm
+from ladle.layers.rotary import RotaryEmbedding
 from ladle.observe import dispatch
 
 
@@ -44,7 +46,7 @@ def _inputs(T, H, D, rot, seed, dtype, strided):
                                                (5, 1, 64, 32, False), (3, 3, 48, 16, True)])  # non-pow2 D and H
 def test_head_norm_rope_float32_matches_formula(device, T, H, D, rot, strided):
     x, w, positions = _inputs(T, H, D, rot, seed=T * 100 + H, dtype=torch.float32, strided=strided)
-    rope = PartialNeoxRope(rot, 10000.0, "cpu")
+    rope = RotaryEmbedding(D, rot, 4096, 10000.0, device="cpu")
     cos, sin = rope.cos_sin(positions, torch.float32)
     before = dispatch.snapshot()["ops"].get("head_norm_rope", {}).get("buckets", {})
     out = head_norm_rope(x.to(device), w.to(device), 1e-6, cos.to(device), sin.to(device))
@@ -59,16 +61,16 @@ def test_head_norm_rope_float32_matches_formula(device, T, H, D, rot, strided):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_head_norm_rope_bf16_matches_torch_layers(device):
-    """bf16: the kernel reproduces the rounding points of GemmaRMSNorm then PartialNeoxRope.apply, so nearly every
+    """bf16: the kernel reproduces the rounding points of the (1 + w) RMSNorm then the RoPE rotation, so nearly every
     element is bit-identical (the sum of squares may be added in another order: then 1 ulp apart), on the GPU and
     under the CPU interpreter alike (the kernel rounds with integer ops: the interpreter truncates on a bf16 cast)."""
     T, H, D, rot = 9, 4, 64, 32
     x, w, positions = _inputs(T, H, D, rot, seed=3, dtype=torch.bfloat16, strided=True)
-    norm = GemmaRMSNorm(D, 1e-6, torch.bfloat16, "cpu")
+    norm = RMSNorm(D, 1e-6, weight_offset=1.0, dtype=torch.bfloat16, device="cpu")
     norm.weight.data.copy_(w)
-    rope = PartialNeoxRope(rot, 10000.0, "cpu")
+    rope = RotaryEmbedding(D, rot, 4096, 10000.0, device="cpu")
     cos, sin = rope.cos_sin(positions, torch.bfloat16)
-    want = PartialNeoxRope.apply(norm(x), cos, sin)
+    want = rotate_ref(norm(x), cos, sin)
     out = head_norm_rope(x.to(device), w.to(device), 1e-6, cos.to(device), sin.to(device)).cpu()
     same = (out == want).float().mean().item()
     assert same > 0.97, f"only {same:.3f} of elements bit-identical to the torch layers"

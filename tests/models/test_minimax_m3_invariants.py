@@ -8,7 +8,8 @@ import torch
 
 from m3_helpers import prompt
 
-from ladle.layers.moe import MoE, swigluoai
+from ladle.kernels.fused_moe import swigluoai_ref
+from ladle.layers.moe import FusedMoE
 from drivers.minimax_m3_paged import PagedDriver
 from ladle.models.minimax_m3_weights import dequant_block_fp8, quantize_mxfp8
 
@@ -105,15 +106,15 @@ def test_selection_layout_and_counts(lm):
         assert not torch.equal(sel[0], sel[1])  # groups select independently
 
 
-def _moe(seed: int, folded: bool = True) -> MoE:
+def _moe(seed: int, folded: bool = True) -> FusedMoE:
     g = torch.Generator().manual_seed(seed)
-    m = MoE(32, 6, 2, 16, 16 if folded else 24, 2.0, 1.702, 7.0, 1.0, torch.float32, "cpu")
+    m = FusedMoE(32, 6, 2, 16, 16 if folded else 24, 2.0, 1.702, 7.0, dtype=torch.float32, device="cpu")
     for p in m.parameters():
         p.data.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.dim() == 1 else 0.3))
     return m
 
 
-def _moe_reference(m: MoE, x: torch.Tensor) -> torch.Tensor:
+def _moe_reference(m: FusedMoE, x: torch.Tensor) -> torch.Tensor:
     """float64 hand reference: choose by σ + bias, weight by renormalised σ × 2, shared expert × 1."""
     x = x.double()
     sig = torch.sigmoid(x @ m.gate_weight.double().T)
@@ -121,14 +122,15 @@ def _moe_reference(m: MoE, x: torch.Tensor) -> torch.Tensor:
 
     def expert(w13, w2, v):
         gate, up = (v @ w13.double().T).chunk(2, -1)
-        return swigluoai(gate, up, 1.702, 7.0, 1.0) @ w2.double().T
+        return swigluoai_ref(gate, up, 1.702, 7.0) @ w2.double().T
 
     for t in range(x.shape[0]):
         chosen = torch.topk(sig[t] + m.e_score_correction_bias.double(), 2).indices
         w = sig[t, chosen] / sig[t, chosen].sum() * 2.0
         for e, we in zip(chosen.tolist(), w):
             out[t] += we * expert(m.w13[e], m.w2[e], x[t])
-        sh = (m.w13[6], m.w2[6]) if m.shared_folded else (m.shared_w13, m.shared_w2)
+        sh = ((m.w13[6], m.w2[6]) if m.shared_folded
+              else (m.shared_experts.gate_up_proj.weight, m.shared_experts.down_proj.weight))
         out[t] += expert(*sh, x[t])
     return out
 
@@ -137,6 +139,7 @@ def test_routed_weights_sum_to_scaling_factor_and_bias_only_chooses():
     m = _moe(0)
     x = torch.randn(50, 32, generator=torch.Generator().manual_seed(1))
     ids, w = m.route(x)
+    ids = ids.long()
     assert torch.allclose(w.sum(-1), torch.full((50,), 2.0), atol=1e-6)
     sig = torch.sigmoid(x @ m.gate_weight.T)
     assert torch.allclose(w, sig.gather(1, ids) / sig.gather(1, ids).sum(-1, keepdim=True) * 2.0, atol=1e-6)
@@ -172,7 +175,7 @@ def test_model_fused_and_unfused_shared_expert_agree(lm):
 def test_swigluoai_hand_values():
     gate = torch.tensor([1.0, 9.0, -9.0])
     up = torch.tensor([0.5, 8.0, -8.0])
-    got = swigluoai(gate, up, 1.702, 7.0)
+    got = swigluoai_ref(gate, up, 1.702, 7.0)
     sig = lambda v: 1 / (1 + torch.exp(torch.tensor(-1.702 * v)))  # noqa: E731
     want = torch.tensor([(0.5 + 1) * 1 * sig(1.0), (7 + 1) * 7 * sig(7.0), (-7 + 1) * -9 * sig(-9.0)])
     assert torch.allclose(got, want, atol=1e-6)

@@ -1,0 +1,155 @@
+"""The one weight-loading protocol and the one dummy-weight initialiser of every ladle model.
+
+Loading: a model declares ONE name table — `WeightRule`s mapping checkpoint names (regular expressions) to
+(parameter name, shard_id[, expert_id]) — and `load_weights_by_table` feeds each checkpoint tensor to the
+parameter's `weight_loader(param, loaded_weight, shard_id=None)` (ladle/layers/linear.py documents the protocol;
+FusedMoE's loader takes `expert_id` too). The loader receives the full checkpoint tensor and slices this rank's
+part itself, so the table knows nothing about tensor parallelism.
+
+Dummy weights (`--load-format dummy`): `init_dummy_weights` — norms at their identity (1 - weight_offset) plus
+uniform noise, vocabulary tables uniform ±1, every other matrix uniform ±1/sqrt(fan_in) (fan_in = last dim, so a
+layer's output keeps the input's scale and deep stacks stay finite), other vectors ±0.1; all capped at `max_abs`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Hashable, Iterable, Optional, Union
+
+import torch
+from torch import nn
+
+from ladle.layers.norm import RMSNorm
+from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+
+class UnknownWeightError(KeyError, ValueError):
+    """A checkpoint tensor that no table row maps to a parameter of the model (a KeyError and a ValueError)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """One row of a model's name table.
+
+    A checkpoint name (after the table's prefix rewrite) that fully matches `pattern` loads into the parameter
+    named `param` (a `re.Match.expand` template, e.g. r"\\1.qkv_proj.\\3") with `shard_id`; a str shard_id or
+    expert_id containing a backslash is expanded from the match too (expert ids made of digits become ints).
+    """
+
+    pattern: str
+    param: str
+    shard_id: Hashable = None
+    expert_id: Union[int, str, None] = None
+
+    def resolve(self, name: str) -> Optional[tuple[str, dict]]:
+        """(parameter name, weight_loader keyword args) when `name` matches, else None."""
+        m = re.fullmatch(self.pattern, name)
+        if m is None:
+            return None
+        kwargs = {"shard_id": _expand(m, self.shard_id)}
+        if self.expert_id is not None:
+            e = _expand(m, self.expert_id)
+            kwargs["expert_id"] = int(e) if isinstance(e, str) and e.isdigit() else e
+        return m.expand(self.param), kwargs
+
+
+def _expand(m: re.Match, value):
+    return m.expand(value) if isinstance(value, str) and "\\" in value else value
+
+
+@dataclass(frozen=True)
+class WeightNameTable:
+    """rules: tried in order, the first match wins. prefixes: (old, new) pairs, the first matching one rewrites the
+    name's start before the rules run. skip: patterns (re.match on the raw name) of tensors the model ignores."""
+
+    rules: tuple[WeightRule, ...]
+    prefixes: tuple[tuple[str, str], ...] = ()
+    skip: tuple[str, ...] = ()
+
+    def resolve(self, name: str) -> Optional[tuple[str, dict]]:
+        """(parameter name, loader kwargs), or None for a skipped tensor. Raises UnknownWeightError."""
+        if any(re.match(p, name) for p in self.skip):
+            return None
+        local = name
+        for old, new in self.prefixes:
+            if local.startswith(old):
+                local = new + local[len(old):]
+                break
+        for rule in self.rules:
+            found = rule.resolve(local)
+            if found is not None:
+                return found
+        raise UnknownWeightError(f"unknown checkpoint tensor {name!r}: no parameter for it in the name table")
+
+
+@torch.no_grad()
+def load_weights_by_table(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                          table: WeightNameTable) -> set[str]:
+    """Feed every (checkpoint name, full tensor) through `table` to its parameter's weight_loader (cast to the
+    parameter dtype first). Returns the names of parameters every element of which was written.
+
+    Raises UnknownWeightError for a name outside the table (or mapped to a parameter the model lacks), ValueError
+    for a piece written twice, and the weight_loader's ValueError on a shape mismatch or a bad shard."""
+    params = dict(model.named_parameters())
+    written: dict[str, int] = {}
+    pieces: set[tuple] = set()
+    for name, tensor in weights:
+        target = table.resolve(name)
+        if target is None:
+            continue
+        pname, kwargs = target
+        if pname not in params:
+            raise UnknownWeightError(f"unknown checkpoint tensor {name!r}: it maps to {pname!r}, but "
+                                     f"{type(model).__name__} has no parameter of that name")
+        key = (pname, *sorted(kwargs.items(), key=lambda kv: kv[0]))
+        if key in pieces:
+            raise ValueError(f"checkpoint tensor {name!r} written twice into {pname!r} ({kwargs})")
+        pieces.add(key)
+        param = params[pname]
+        try:
+            n = param.weight_loader(param, tensor.to(param.dtype), **kwargs)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        written[pname] = written.get(pname, 0) + n
+    return {p for p, n in written.items() if n >= params[p].numel()}
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int, norm_noise: float = 0.1,
+                       max_abs: Optional[float] = None) -> None:
+    """Random weights for `--load-format dummy` (module doc for the scales), drawn in parameter order from a
+    generator seeded with `seed` on the parameters' device (same seed, same device -> same weights).
+
+    norm_noise: half-width of the uniform noise around a norm's identity (0: exactly the identity).
+    max_abs: cap on every non-norm bound (None: no cap)."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    seen: set[int] = set()  # a tied weight is drawn once, by the first module that holds it (the embedding)
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if isinstance(module, RMSNorm):
+                centre, bound = 1.0 - module.weight_offset, norm_noise
+            else:
+                centre, bound = 0.0, _bound(module, p)
+                bound = bound if max_abs is None else min(bound, max_abs)
+            if bound == 0.0:
+                p.fill_(centre)
+                continue
+            r = torch.rand(p.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
+            p.copy_((r * bound + centre).to(p.dtype))
+
+
+def _bound(module: nn.Module, p: nn.Parameter) -> float:
+    if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead):
+        return 1.0
+    if p.dim() == 1:
+        return 0.1
+    return 1.0 / math.sqrt(p.shape[-1])
