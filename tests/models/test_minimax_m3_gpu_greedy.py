@@ -11,6 +11,11 @@ from then on):
   the other's top 5 (the logprob-closeness rule vLLM's model tests use). bf16 can flip a near-tied MSA block choice,
   and one flipped block moves the logits by far more than bf16 rounding, so a gap bound does not hold there (seen on
   the `small` preset: token 7 of a 2300-token prompt flipped at a reference gap of 0.52 std).
+  The router is discrete in the same way: where the k-th and (k+1)-th routed choice scores of a token are within
+  bf16's relative resolution (2^-7) in some MoE layer, bf16 noise picks either expert and the logits move by far more
+  than rounding (seen on the `tiny` preset after the layer-kit refactor, issue 10: prompt 1, token 1, experts 1 vs 6
+  at choice scores 0.6094 vs 0.6061 in layer 3). Such a first divergence is accepted when the bf16 run recorded that
+  near tie for that token at that step; any other divergence must pass the top-5 rule.
 """
 
 from __future__ import annotations
@@ -73,10 +78,12 @@ def assert_same_greedy(got: dict, ref: dict, ref_gaps: dict, tol: float) -> None
                 break
 
 
-def assert_top5_close(got: dict, got_top5: dict, ref: dict, ref_top5: dict) -> None:
+def assert_top5_close(got: dict, got_top5: dict, ref: dict, ref_top5: dict, router_ties: dict | None = None) -> None:
     for sid in ref:
         for j, (a, b) in enumerate(zip(got[sid], ref[sid])):
             if a != b:
+                if router_ties is not None and router_ties[sid][j]:
+                    break  # a routed-expert near tie at this token (module docstring): either expert is bf16-correct
                 assert a in ref_top5[sid][j] and b in got_top5[sid][j], (
                     f"prompt {sid}: token {j} is {a} (top 5 {got_top5[sid][j]}), reference {b} "
                     f"(top 5 {ref_top5[sid][j]}): not within each other's top 5")
@@ -112,6 +119,50 @@ def test_fp32_kernel_path_greedy_matches_cpu_reference(preset_ckpt, reference):
 def test_bf16_kernel_path_greedy_matches_cpu_reference(preset_ckpt, reference):
     preset, ckpt = preset_ckpt
     prompts, (ref, _, ref_top5, _) = reference
-    drv = PagedDriver(load_m3_dir(ckpt, torch.bfloat16, "cuda"), CASES[preset][1], backends=OpBackends.kernels())
-    got, _, got_top5, _ = greedy_trace(drv, prompts, NEW_TOKENS)
-    assert_top5_close(got, got_top5, ref, ref_top5)
+    model = load_m3_dir(ckpt, torch.bfloat16, "cuda")
+    drv = PagedDriver(model, CASES[preset][1], backends=OpBackends.kernels())
+    with RouterNearTies(model) as ties:
+        got, _, got_top5, _ = greedy_trace(drv, prompts, NEW_TOKENS)
+    assert_top5_close(got, got_top5, ref, ref_top5, ties.per_step(prompts))
+
+
+class RouterNearTies:
+    """Records, for every forward of the model, which token rows had a routed-expert near tie in some MoE layer:
+    the k-th and (k+1)-th choice scores (sigmoid(x W_g^T) + bias, fp32) within a relative 2^-7 (bf16 resolution)."""
+
+    REL = 2.0 ** -7
+
+    def __init__(self, model) -> None:
+        from ladle.layers.moe import FusedMoE
+
+        self.moes = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        self.calls: list[torch.Tensor] = []  # per forward: [T] bool, OR over MoE layers (appended by layer 0's hook)
+        self.hooks = []
+
+    def __enter__(self) -> "RouterNearTies":
+        for i, moe in enumerate(self.moes):
+            self.hooks.append(moe.register_forward_hook(lambda mod, inp, out, i=i: self._record(mod, inp[0], i)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.hooks:
+            h.remove()
+
+    def _record(self, moe, x: torch.Tensor, i: int) -> None:
+        choice = torch.sigmoid(x.float() @ moe.gate_weight.float().T) + moe.e_score_correction_bias.float()
+        top = choice.topk(moe.top_k + 1, dim=-1).values
+        tie = (top[:, -2] - top[:, -1]) <= self.REL * top[:, -2].abs()
+        if i == 0:
+            self.calls.append(tie.cpu())
+        else:
+            self.calls[-1] |= tie.cpu()
+
+    def per_step(self, prompts: dict) -> dict:
+        """{sid: [bool per greedy token j]}: token j came from forward j (the prefill's last row, then one decode row
+        per step), so a near tie at forward j for that row explains a flip of token j."""
+        ends = (torch.tensor([len(p) for p in prompts.values()]).cumsum(0) - 1).tolist()
+        out = {sid: [bool(self.calls[0][ends[r]])] for r, sid in enumerate(prompts)}
+        for call in self.calls[1:]:
+            for r, sid in enumerate(prompts):
+                out[sid].append(bool(call[r]))
+        return out
