@@ -77,15 +77,29 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
     return OpenAIError(f"internal error (id {error_id}); the server log has the details", 500)
 
 
+def _field_path(loc: list) -> Optional[str]:
+    """pydantic's error location as a field path (`messages[0].content`), without its union-branch tags
+    (`str`, `list[dict[str,any]]`)."""
+    path = ""
+    for x in loc:
+        if isinstance(x, int):
+            path += f"[{x}]"
+        elif x.isidentifier() and x not in ("str", "int", "float", "bool", "list", "dict"):
+            path += f".{x}" if path else x
+        else:
+            break
+    return path or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     parts, param = [], None
     for err in exc.errors():
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        loc = [x for x in err.get("loc", ()) if x != "body"]
         if err.get("type") == "json_invalid":
             parts.append(f"malformed JSON: {err.get('msg')}")
             continue
-        where = ".".join(loc) or "body"
-        param = param or (loc[0] if loc else None)
+        where = ".".join(str(x) for x in loc) or "body"
+        param = param or _field_path(loc)
         parts.append(f"{where}: {err.get('msg')}")
     return "; ".join(parts) or "invalid request", param
 

@@ -16,6 +16,7 @@ from ladle.config import ServerConfig
 from ladle.server.api import build_app
 
 REAL_MAX_MODEL_LEN = 2048
+REAL_MAX_BODY_BYTES = 8 << 20  # the 5 MB prompt of test_edge_validation must reach the tokenizer
 
 
 @dataclass
