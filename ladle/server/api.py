@@ -106,7 +106,7 @@ class EdgeMiddleware:
                 return None  # http.disconnect: nobody to answer
             body += message.get("body", b"")
             if len(body) > limit:
-                await _send_too_large(send, len(body), limit)
+                await _send_too_large(send, None, limit)
                 return None
             if not message.get("more_body", False):
                 break
@@ -129,9 +129,11 @@ async def _send_error(send: Any, message: str, status: int, param: Optional[str]
     await send({"type": "http.response.body", "body": error_json(message, status, param)})
 
 
-async def _send_too_large(send: Any, size: int, limit: int) -> None:
-    await _send_error(send, f"the request body is {'at least ' if size == limit + 1 else ''}{size} bytes; at most "
-                      f"{limit} are allowed (--max-request-body-bytes)", 413, close=True)
+async def _send_too_large(send: Any, size: Optional[int], limit: int) -> None:
+    """413; `size` is the declared Content-Length, None for a chunked body cut off at the limit."""
+    told = f"is {size} bytes" if size is not None else "is longer"
+    await _send_error(send, f"the request body {told}; at most {limit} bytes are allowed (--max-request-body-bytes)",
+                      413, close=True)
 
 
 def _config_dict(config: Any) -> Any:

@@ -7,10 +7,7 @@ Request lifetime (one `PromptRun` per prompt; the engine handles `n` inside one 
                                          RequestRejected becomes a 400 before any SSE byte is written
     merge_runs(ctx, runs)                the rest, as (run, RequestOutput) pairs, in arrival order
     close_runs(ctx, runs)                always (finally): close the engine iterators, abort what is unfinished
-
-Before that, `prepare(ctx, build, req)` builds the runs (validation, chat template, tokenization,
-SamplingParams) on a small thread pool, off the event loop, so a long prompt never stalls /health, /metrics or
-other streams; an unexpected exception there fails this request alone (500, logged once with its id).
+Before that, `prepare(ctx, build, req)` validates, templates, tokenizes and makes SamplingParams off the event loop.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from harness import Server, start_fake
 
 FUZZ_LIMITS = dict(max_n=16, max_prompts_per_request=64, max_stop_strings=8, max_stop_string_chars=64,
                    max_request_body_bytes=64 * 1024)
-FAST = settings(max_examples=120, derandomize=True, database=None, deadline=None, print_blob=True,
+FAST = settings(max_examples=250, derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=list(HealthCheck))
 REAL = settings(FAST, max_examples=12)
 
