@@ -106,10 +106,22 @@ class RunnerConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """The HTTP server and the limits it enforces on each request (a request beyond one gets a 400, or a 413 for
+    the body size, naming the field). `--max-logprobs` is vLLM's flag; vLLM has no flag for the others, so they
+    carry ladle names. `max_tokens` is bounded by `--max-model-len`."""
+
     host: str = _f("127.0.0.1", "--host", "address to bind")
     port: int = _f(8000, "--port", "port to bind")
     api_key: Optional[str] = _f(None, "--api-key", "require this bearer token")
     log_level: str = _f("info", "--uvicorn-log-level", "uvicorn log level")
+    max_request_body_bytes: int = _f(4 * 1024 * 1024, "--max-request-body-bytes",
+                                     "largest request body in bytes; a larger one is refused (413) before it is parsed")
+    max_logprobs: int = _f(20, "--max-logprobs", "largest logprobs / top_logprobs count a request may ask for")
+    max_prompts_per_request: int = _f(256, "--max-prompts-per-request",
+                                      "most prompts in one /v1/completions request (a list of prompts)")
+    max_n: int = _f(128, "--max-n", "largest `n` (choices per prompt) a request may ask for")
+    max_stop_strings: int = _f(64, "--max-stop-strings", "most entries in `stop` (and in `stop_token_ids`)")
+    max_stop_string_chars: int = _f(1024, "--max-stop-string-chars", "longest stop string, in characters")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 Routes: /v1/completions, /v1/chat/completions, /v1/models, /health (503 once the engine loop is dead),
 /version, /tokenize, /detokenize, /metrics, /debug/dispatch.
 A pure ASGI middleware (not BaseHTTPMiddleware, which would hide client disconnects from the handlers)
-enforces `--api-key` on /v1/* and echoes the client's X-Request-Id header (never used as an internal id).
+enforces `--api-key` on /v1/*, refuses a body over `--max-request-body-bytes` (413) before anything parses it,
+turns an exception no handler caught into a 500 body (so the keep-alive connection survives: Starlette's own
+last-resort handler re-raises, and uvicorn then closes the connection) and echoes the client's X-Request-Id header
+(never used as an internal id).
 The engine is created before uvicorn starts (load errors print plainly) and shut down in the lifespan, so
 SIGTERM (handled by uvicorn) aborts everything and exits cleanly.
 """
@@ -26,23 +29,29 @@ from fastapi.responses import JSONResponse, Response
 
 from ladle.config import EngineConfig, ServerConfig, env_flag
 from ladle.engine.client import EngineClient
-from ladle.server.errors import OpenAIError, error_body, install_error_handlers
+from ladle.server.errors import OpenAIError, error_body, error_json, install_error_handlers
 from ladle.server.metrics import CONTENT_TYPE, ServerMetrics
 from ladle.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
-                                   ModelCard, ModelList, TokenizeRequest, TokenizeResponse, ladle_version)
+                                   ModelCard, ModelList, TokenizeRequest, TokenizeResponse, ladle_version, random_id)
 from ladle.server.serving_chat import ChatHandler, chat_prompt_ids
-from ladle.server.serving_common import ServingContext
+from ladle.server.serving_common import ServingContext, prepare
 from ladle.server.serving_completions import CompletionHandler
+from ladle.server.validation import check_model_fields
 
 logger = logging.getLogger("ladle.server")
 
 
-class EdgeMiddleware:
-    """Bearer-token check on /v1/* and X-Request-Id echo, as a plain ASGI wrapper."""
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
 
-    def __init__(self, app: Any, api_key: Optional[str]):
+
+class EdgeMiddleware:
+    """Bearer-token check on /v1/*, body-size limit, last-resort 500 and X-Request-Id echo, as a plain ASGI
+    wrapper."""
+
+    def __init__(self, app: Any, api_key: Optional[str], max_body_bytes: int):
         self.app = app
         self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -52,19 +61,79 @@ class EdgeMiddleware:
         if self.api_key and scope.get("path", "").startswith("/v1") and scope.get("method") != "OPTIONS":
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                response = JSONResponse(error_body("Unauthorized: a valid API key is required", 401), status_code=401)
-                await response(scope, receive, send)
+                await _send_error(send, "Unauthorized: a valid API key is required", 401)
                 return
         client_id = headers.get("x-request-id")
+        started = False
 
         async def send_with_id(message: dict) -> None:
-            if client_id is not None and message["type"] == "http.response.start":
-                message = dict(message)
-                message["headers"] = list(message.get("headers", [])) + [
-                    (b"x-request-id", client_id.encode("latin-1"))]
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if client_id is not None:
+                    message = dict(message)
+                    message["headers"] = list(message.get("headers", [])) + [
+                        (b"x-request-id", client_id.encode("latin-1"))]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        if scope.get("method") in _BODY_METHODS:
+            receive = await self._read_body(headers, receive, send_with_id)
+            if receive is None:
+                return
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:  # noqa: BLE001 — no handler took it: this request alone fails
+            error_id = random_id("err")
+            logger.error("request %s (%s %s) failed", error_id, scope.get("method"), scope.get("path"),
+                         exc_info=exc)
+            if not started:
+                await _send_error(send_with_id, f"internal error (id {error_id}); the server log has the details",
+                                  500)
+
+    async def _read_body(self, headers: dict, receive: Any, send: Any) -> Optional[Any]:
+        """Read the whole body, refusing it (413, connection closed) as soon as it is known to exceed the limit:
+        from Content-Length before reading, else while reading. Returns a `receive` that replays the body and then
+        forwards to the server's (http.disconnect), or None when the request was answered or the client left."""
+        limit = self.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await _send_too_large(send, int(declared), limit)
+            return None
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # http.disconnect: nobody to answer
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await _send_too_large(send, None, limit)
+                return None
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        return replay
+
+
+async def _send_error(send: Any, message: str, status: int, param: Optional[str] = None,
+                      close: bool = False) -> None:
+    headers = [(b"content-type", b"application/json")] + ([(b"connection", b"close")] if close else [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": error_json(message, status, param)})
+
+
+async def _send_too_large(send: Any, size: Optional[int], limit: int) -> None:
+    """413; `size` is the declared Content-Length, None for a chunked body cut off at the limit."""
+    told = f"is {size} bytes" if size is not None else "is longer"
+    await _send_error(send, f"the request body {told}; at most {limit} bytes are allowed (--max-request-body-bytes)",
+                      413, close=True)
 
 
 def _config_dict(config: Any) -> Any:
@@ -93,7 +162,7 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
     model_cfg = getattr(engine_config, "model", None)
     extra = (getattr(model_cfg, "served_model_name", None), getattr(model_cfg, "model", None))
     metrics = ServerMetrics(engine.get_stats, engine.model_name)
-    ctx = ServingContext(engine, metrics, extra_model_names=tuple(n for n in extra if n))
+    ctx = ServingContext(engine, metrics, extra_model_names=tuple(n for n in extra if n), limits=server_config)
     completions, chat = CompletionHandler(ctx), ChatHandler(ctx)
 
     @contextlib.asynccontextmanager
@@ -102,6 +171,7 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
         logger.info("shutting down the engine")
         with contextlib.suppress(Exception):
             await engine.shutdown()
+        ctx.executor.shutdown(wait=False, cancel_futures=True)
         runner_cfg = getattr(engine_config, "runner", None)
         if getattr(runner_cfg, "dispatch_report", False):  # --dispatch-report: the fast-path table at shutdown
             from ladle.observe import dispatch
@@ -136,8 +206,8 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
     async def version() -> JSONResponse:
         return JSONResponse({"version": ladle_version(), "engine_config": _config_dict(engine_config)})
 
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> JSONResponse:
+    def tokenize_sync(req: TokenizeRequest) -> TokenizeResponse:
+        check_model_fields(req)
         ctx.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise OpenAIError("give exactly one of prompt or messages", 400, "prompt")
@@ -149,14 +219,21 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
                 messages=req.messages, chat_template_kwargs=req.chat_template_kwargs,
                 add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message))
         strs = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ids] if req.return_token_strs else None
-        return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids,
-                                             token_strs=strs).model_dump())
+        return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs)
+
+    def detokenize_sync(req: DetokenizeRequest) -> DetokenizeResponse:
+        check_model_fields(req)
+        ctx.check_model(req.model)
+        ctx.check_token_ids(req.tokens, "tokens")
+        return DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens))
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> JSONResponse:
+        return JSONResponse((await prepare(ctx, tokenize_sync, req)).model_dump())
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
-        ctx.check_model(req.model)
-        ctx.check_token_ids(req.tokens, "tokens")
-        return JSONResponse(DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens)).model_dump())
+        return JSONResponse((await prepare(ctx, detokenize_sync, req)).model_dump())
 
     @app.get("/metrics")
     async def get_metrics() -> Response:
@@ -166,7 +243,8 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
     async def debug_dispatch() -> JSONResponse:
         return JSONResponse(_dispatch_snapshot())
 
-    app.add_middleware(EdgeMiddleware, api_key=server_config.api_key)
+    app.add_middleware(EdgeMiddleware, api_key=server_config.api_key,
+                       max_body_bytes=server_config.max_request_body_bytes)
     return app
 
 

@@ -6,9 +6,10 @@ FastAPI's 422 for request validation is replaced by 400 with this body.
 
 from __future__ import annotations
 
+import json
 import logging
 from http import HTTPStatus
-from typing import Optional
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ladle.engine.client import EngineError, RequestRejected
-from ladle.server.protocol import ErrorInfo, ErrorResponse
+from ladle.server.protocol import ErrorInfo, ErrorResponse, random_id
 
 logger = logging.getLogger("ladle.server")
 
@@ -47,8 +48,18 @@ def error_body(message: str, status: int, param: Optional[str] = None, err_type:
     return ErrorResponse(error=ErrorInfo(message=message, type=err.err_type, param=param, code=status)).model_dump()
 
 
+def error_json(message: str, status: int, param: Optional[str] = None) -> bytes:
+    """The error body as bytes. ASCII-escaped: an error about text that is not valid Unicode must still render."""
+    return json.dumps(error_body(message, status, param), ensure_ascii=True).encode()
+
+
+class ErrorJSONResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def error_response(message: str, status: int, param: Optional[str] = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
+    return ErrorJSONResponse(error_body(message, status, param), status_code=status)
 
 
 def to_openai_error(exc: BaseException) -> OpenAIError:
@@ -61,18 +72,34 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(str(exc), 400)
     if isinstance(exc, EngineError):
         return OpenAIError(f"engine error: {exc}", 500)
-    return OpenAIError(f"internal error: {type(exc).__name__}: {exc}", 500)
+    error_id = random_id("err")  # the client sees the id, the log has the exception
+    logger.error("error %s: %s: %s", error_id, type(exc).__name__, exc, exc_info=exc)
+    return OpenAIError(f"internal error (id {error_id}); the server log has the details", 500)
+
+
+def _field_path(loc: list) -> Optional[str]:
+    """pydantic's error location as a field path (`messages[0].content`), without its union-branch tags
+    (`str`, `list[dict[str,any]]`)."""
+    path = ""
+    for x in loc:
+        if isinstance(x, int):
+            path += f"[{x}]"
+        elif x.isidentifier() and x not in ("str", "int", "float", "bool", "list", "dict"):
+            path += f".{x}" if path else x
+        else:
+            break
+    return path or None
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     parts, param = [], None
     for err in exc.errors():
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        loc = [x for x in err.get("loc", ()) if x != "body"]
         if err.get("type") == "json_invalid":
             parts.append(f"malformed JSON: {err.get('msg')}")
             continue
-        where = ".".join(loc) or "body"
-        param = param or (loc[0] if loc else None)
+        where = ".".join(str(x) for x in loc) or "body"
+        param = param or _field_path(loc)
         parts.append(f"{where}: {err.get('msg')}")
     return "; ".join(parts) or "invalid request", param
 
@@ -85,7 +112,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OpenAIError)
     async def _openai(request: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(
+        return ErrorJSONResponse(
             ErrorResponse(error=ErrorInfo(message=exc.message, type=exc.err_type, param=exc.param,
                                           code=exc.status)).model_dump(),
             status_code=exc.status,
@@ -95,9 +122,5 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(str(exc.detail), exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def _other(request: Request, exc: Exception) -> JSONResponse:
-        err = to_openai_error(exc)
-        if err.status >= 500:
-            logger.exception("request failed", exc_info=exc)
-        return error_response(err.message, err.status)
+    # No handler for Exception: Starlette runs that one in its outermost middleware and re-raises afterwards, so
+    # uvicorn would close the keep-alive connection. ladle.server.api.EdgeMiddleware answers those with a 500.

@@ -8,7 +8,10 @@ choices and the usage; then `data: [DONE]`.
 
 from __future__ import annotations
 
+import logging
 from typing import AsyncIterator, Optional
+
+import jinja2
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,8 +26,11 @@ from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, Ch
                                    TopLogprob, random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
                                          clamp_logprob, collect_runs, include_usage,
-                                         make_sampling_params, make_usage, merge_runs, resolve_max_tokens, sse,
-                                         sse_body, stop_reason_or_none, stream_runs)
+                                         make_sampling_params, make_usage, merge_runs, prepare, resolve_max_tokens,
+                                         sse, sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.validation import check_int_range, check_sampling_fields, check_template_kwargs
+
+logger = logging.getLogger("ladle.server")
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
@@ -36,10 +42,15 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             texts = []
-            for part in m.content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise OpenAIError(f"not supported yet: content part of type {part.get('type')!r} "
-                                      f"(messages[{i}])", 400, "messages")
+            for j, part in enumerate(m.content):
+                if part.get("type") != "text":
+                    kind = part.get("type")
+                    shown = repr(kind)[:40] if isinstance(kind, str) else type(kind).__name__
+                    raise OpenAIError(f"not supported yet: content part of type {shown} (messages[{i}].content[{j}])",
+                                      400, f"messages[{i}].content[{j}].type")
+                if not isinstance(part.get("text"), str):
+                    raise OpenAIError(f"messages[{i}].content[{j}].text must be a string", 400,
+                                      f"messages[{i}].content[{j}].text")
                 texts.append(part["text"])
             d["content"] = "".join(texts)
         elif m.content is None:
@@ -50,20 +61,29 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
 
 def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
     """`req.messages` through the chat template (chat_template_kwargs, continue_final_message, tools), tokenized.
-    Template errors (missing roles, bad kwargs) are the client's: a 400."""
+    Blocking: call it off the event loop. The request's text was checked already (validation.check_model_fields).
+    Template errors are the client's (the template rejects these messages, roles, tools or kwargs): a 400 that
+    quotes the template's own message (jinja2.TemplateError, raised by `raise_exception` in the template) or
+    names the exception type only."""
+    check_template_kwargs(req.chat_template_kwargs)
     kwargs = dict(req.chat_template_kwargs or {})
     if req.continue_final_message:
         kwargs["continue_final_message"] = True
     if req.tools:
         kwargs["tools"] = req.tools
+    messages = _message_dicts(req)
     try:
-        return apply_chat_template(tokenizer, _message_dicts(req),
+        return apply_chat_template(tokenizer, messages,
                                    add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                                    **kwargs)
     except OpenAIError:
         raise
-    except Exception as e:
-        raise OpenAIError(f"could not apply the chat template: {e}", 400, "messages") from e
+    except jinja2.TemplateError as e:
+        raise OpenAIError(f"could not apply the chat template: {e}", 400, "messages") from None
+    except Exception as e:  # the template met input it cannot render (e.g. a tool call of the wrong shape)
+        logger.info("chat template failed on a request's messages: %s: %s", type(e).__name__, e)
+        raise OpenAIError(f"could not apply the chat template to these messages ({type(e).__name__})", 400,
+                          "messages") from None
 
 
 def _chat_logprobs(ctx: ServingContext, token_ids: list[int], entries: Optional[list[TokenLogprobs]],
@@ -86,12 +106,13 @@ class ChatHandler:
         self.ctx = ctx
 
     def _build_run(self, req: ChatCompletionRequest) -> tuple[PromptRun, bool]:
+        """Validate, template, tokenize, make the SamplingParams (runs on the preparation pool, off the loop)."""
         ctx = self.ctx
+        check_sampling_fields(req, ctx.limits, ctx.vocab_size)
         ctx.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-            raise OpenAIError(f"top_logprobs must be in [0, 20], got {req.top_logprobs}", 400, "top_logprobs")
+        check_int_range(req.top_logprobs, 0, ctx.limits.max_logprobs, "top_logprobs", " (--max-logprobs)")
         if req.response_format and req.response_format.get("type", "text") != "text":
             raise OpenAIError("not supported yet: response_format other than text", 400, "response_format")
         if req.tool_choice not in (None, "none", "auto"):  # forcing a call needs a tool-call parser
@@ -107,7 +128,7 @@ class ChatHandler:
         return run, max_tokens == 0
 
     async def handle(self, req: ChatCompletionRequest, raw: Request) -> Response:
-        run, zero = self._build_run(req)
+        run, zero = await prepare(self.ctx, self._build_run, req)
         runs = [run]
         if zero:  # max_tokens 0: nothing to generate
             response = self._response(req, run, zero=True)

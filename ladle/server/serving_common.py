@@ -7,13 +7,17 @@ Request lifetime (one `PromptRun` per prompt; the engine handles `n` inside one 
                                          RequestRejected becomes a 400 before any SSE byte is written
     merge_runs(ctx, runs)                the rest, as (run, RequestOutput) pairs, in arrival order
     close_runs(ctx, runs)                always (finally): close the engine iterators, abort what is unfinished
+Before that, `prepare(ctx, build, req)` validates, templates, tokenizes and makes SamplingParams off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import anyio
 from dataclasses import dataclass, field
@@ -22,29 +26,43 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, U
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from ladle.config import ServerConfig
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
 from ladle.server.errors import OpenAIError, error_body, to_openai_error
 from ladle.server.metrics import RequestTimer, ServerMetrics
 from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
+from ladle.server.validation import check_token_ids, clamp_temperature
 
 T = TypeVar("T")
+logger = logging.getLogger("ladle.server")
+PREPARE_THREADS = 4  # concurrent tokenizations / chat templates; more requests queue for a thread
+
+
 class ClientDisconnected(Exception):
     """The HTTP client went away while we waited for the engine."""
 
 
 class ServingContext:
-    """What the handlers need: the engine, names, metrics, and a token-string cache for logprobs."""
+    """What the handlers need: the engine, names, metrics, the request limits (`limits`, a ServerConfig), the
+    thread pool that tokenizes off the event loop, and a token-string cache for logprobs."""
 
     def __init__(self, engine: EngineClient, metrics: Optional[ServerMetrics] = None,
-                 extra_model_names: tuple[str, ...] = ()):
+                 extra_model_names: tuple[str, ...] = (), limits: Optional[ServerConfig] = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = engine.model_name
         self.max_model_len = int(engine.max_model_len)
+        self.vocab_size = len(engine.tokenizer)
         self.metrics = metrics
+        self.limits = limits or ServerConfig()
         self.accepted_names = {self.model_name, *[n for n in extra_model_names if n]}
         self._token_strs: dict[int, str] = {}
+        self.executor = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="ladle-prepare")
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the preparation thread pool (tokenizing, templating, decoding: never on the loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
 
     def check_model(self, requested: Optional[str]) -> None:
         if requested is not None and requested not in self.accepted_names:
@@ -60,10 +78,22 @@ class ServingContext:
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         """400 naming the first id outside [0, vocabulary size)."""
-        vocab = len(self.tokenizer)
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise OpenAIError(f"token id {bad[0]} is out of range [0, {vocab})", 400, param)
+        check_token_ids(ids, self.vocab_size, param)
+
+
+async def prepare(ctx: ServingContext, build: Callable[..., T], *args: Any) -> T:
+    """`build(*args)` (validate, template, tokenize, make SamplingParams) off the event loop. OpenAIError passes
+    through; any other exception is a fault of ours: this request alone gets a 500 naming an id that the one log
+    line (with the traceback) carries. Nothing of the request has reached the engine yet."""
+    try:
+        return await ctx.off_loop(build, *args)
+    except OpenAIError:
+        raise
+    except Exception as e:
+        error_id = random_id("prep")
+        logger.exception("request %s: preparing it failed: %s: %s", error_id, type(e).__name__, e)
+        raise OpenAIError(f"internal error while preparing the request (id {error_id}); the server log has the "
+                          f"details", 500) from None
 
 
 def resolve_max_tokens(requested: Optional[int], num_prompt_tokens: int, max_model_len: int,
@@ -104,7 +134,7 @@ def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
     try:
         return SamplingParams(
             n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
+            temperature=1.0 if req.temperature is None else clamp_temperature(req.temperature),
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=-1 if req.top_k is None else req.top_k,
             min_p=0.0 if req.min_p is None else req.min_p,
@@ -122,8 +152,9 @@ def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
         )
-    except ValueError as e:
-        raise OpenAIError(str(e), 400) from e
+    except ValueError as e:  # SamplingParams' messages start with the field's name
+        field_name = str(e).split(" ", 1)[0]
+        raise OpenAIError(str(e), 400, field_name if hasattr(SamplingParams, field_name) else None) from e
 
 
 @dataclass

@@ -20,8 +20,9 @@ from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, Comple
                                    random_id)
 from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
                                          clamp_logprob, collect_runs, include_usage,
-                                         make_sampling_params, make_usage, merge_runs, resolve_max_tokens, sse,
-                                         sse_body, stop_reason_or_none, stream_runs)
+                                         make_sampling_params, make_usage, merge_runs, prepare, resolve_max_tokens,
+                                         sse, sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.validation import check_int_range, check_sampling_fields
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -38,6 +39,10 @@ def _prompts(ctx: ServingContext, prompt: Union[str, list], need_text: bool) -> 
         items = list(prompt)
     if not items:
         raise OpenAIError("The prompt is empty; send at least one prompt.", 400, "prompt")
+    limit = ctx.limits.max_prompts_per_request
+    if len(items) > limit:
+        raise OpenAIError(f"prompt holds {len(items)} prompts; at most {limit} are allowed in one request "
+                          f"(--max-prompts-per-request)", 400, "prompt")
     out = []
     for item in items:
         if isinstance(item, str):
@@ -73,8 +78,11 @@ class CompletionHandler:
         self.ctx = ctx
 
     def _build_runs(self, req: CompletionRequest) -> tuple[list[PromptRun], bool]:
+        """Validate, tokenize and make the SamplingParams (runs on the preparation pool, off the event loop)."""
         ctx = self.ctx
+        check_sampling_fields(req, ctx.limits, ctx.vocab_size)
         ctx.check_model(req.model)
+        check_int_range(req.logprobs, 0, ctx.limits.max_logprobs, "logprobs", " (--max-logprobs)")
         if req.suffix:
             raise OpenAIError("not supported yet: suffix", 400, "suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -91,7 +99,7 @@ class CompletionHandler:
         return runs, zero
 
     async def handle(self, req: CompletionRequest, raw: Request) -> Response:
-        runs, zero = self._build_runs(req)
+        runs, zero = await prepare(self.ctx, self._build_runs, req)
         needs_engine = not zero or (req.echo and req.logprobs is not None)
         if req.stream and not zero:
             return await stream_runs(self.ctx, raw, runs, lambda: self._stream(req, runs))

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from fake_engine import FakeEngineClient
-from harness import REAL_MAX_MODEL_LEN, Server, start_fake
+from harness import REAL_MAX_BODY_BYTES, REAL_MAX_MODEL_LEN, Server, start_fake
 from ladle_serve_process import LadleServeProcess
 
 
@@ -37,7 +37,8 @@ def real_server(tmp_path_factory):
         return
     if importlib.util.find_spec("ladle.engine.async_engine") is None:
         pytest.skip("ladle.engine.async_engine is not written yet")
-    serve = LadleServeProcess(["--max-model-len", str(REAL_MAX_MODEL_LEN), "--kv-cache-memory-bytes", "512M"],
+    serve = LadleServeProcess(["--max-model-len", str(REAL_MAX_MODEL_LEN), "--kv-cache-memory-bytes", "512M",
+                               "--max-request-body-bytes", str(REAL_MAX_BODY_BYTES)],
                               tmp_path_factory.mktemp("serve") / "ladle-serve.log").start()
     model = httpx.get(serve.url + "/v1/models").json()["data"][0]
     yield Server("real", serve.url, model["id"], model["max_model_len"])

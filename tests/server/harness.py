@@ -16,6 +16,7 @@ from ladle.config import ServerConfig
 from ladle.server.api import build_app
 
 REAL_MAX_MODEL_LEN = 2048
+REAL_MAX_BODY_BYTES = 8 << 20  # the 5 MB prompt of test_edge_validation must reach the tokenizer
 
 
 @dataclass
@@ -51,9 +52,11 @@ class _ThreadServer(uvicorn.Server):
         pass
 
 
-def start_fake(engine: FakeEngineClient, api_key: Optional[str] = None):
+def start_fake(engine: FakeEngineClient, api_key: Optional[str] = None, **server_config):
+    """uvicorn serving `engine` on a free port, in a daemon thread. `server_config`: ServerConfig fields (limits).
+    Returns (server, thread, base url); stop with `server.should_exit = True` and `thread.join()`."""
     port = free_port()
-    app = build_app(engine, ServerConfig(port=port, api_key=api_key))
+    app = build_app(engine, ServerConfig(port=port, api_key=api_key, **server_config))
     server = _ThreadServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
