@@ -78,9 +78,9 @@ def configs_or_refusal(parser: argparse.ArgumentParser,
     return engine_config, server_config, args
 
 
-def raise_open_files_limit(wanted: int = 65536) -> None:
-    """Raise the soft RLIMIT_NOFILE towards the hard limit (each client connection holds a descriptor); warn when
-    the result is below `wanted`."""
+def raise_open_files_limit(wanted: int = 65536, warn_below: int = 8192) -> None:
+    """Raise the soft RLIMIT_NOFILE to min(hard limit, `wanted`) (each client connection holds a descriptor, and a
+    MiniMax-M3 prefill/decode run hit the default 1024); warn when it stays below `warn_below`."""
     try:
         import resource
     except ImportError:  # not on POSIX
@@ -93,9 +93,10 @@ def raise_open_files_limit(wanted: int = 65536) -> None:
             soft = target
         except (ValueError, OSError) as e:
             logger.warning("could not raise the open-files limit from %d to %d: %s", soft, target, e)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        logger.warning("open-files limit is %d (hard limit %d): fewer than %d concurrent connections fit; raise it "
-                       "with `ulimit -n` before starting ladle", soft, hard, wanted)
+    if soft != resource.RLIM_INFINITY and soft < warn_below:
+        logger.warning("open-files limit is %d (hard limit %d): fewer than %d concurrent connections fit; raise the "
+                       "hard limit (`ulimit -Hn`, or LimitNOFILE= for a service) before starting ladle", soft, hard,
+                       soft)
     else:
         logger.info("open-files limit: %s", "unlimited" if soft == resource.RLIM_INFINITY else soft)
 

@@ -90,10 +90,11 @@ def startup_summary(resolved: EngineConfig, model: Any, num_blocks: int) -> str:
     mc, cc, rc = resolved.model, resolved.cache, resolved.runner
     weights = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     tokens = num_blocks * cc.block_size
+    kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else cc.kv_cache_dtype
     graphs = f"{len(rc.cuda_graph_sizes)} sizes up to {max(rc.cuda_graph_sizes)}" if rc.cuda_graph_sizes else "none"
     return (f"startup summary: weights {weights / 2**30:.2f} GiB ({weights} bytes); KV cache {tokens} tokens in "
             f"{num_blocks} blocks of {cc.block_size}; max concurrency {tokens / mc.max_model_len:.2f}x at "
-            f"max_model_len {mc.max_model_len}; dtype {mc.dtype}, KV dtype {cc.kv_cache_dtype}; attention "
+            f"max_model_len {mc.max_model_len}; dtype {mc.dtype}, KV dtype {kv_dtype}; attention "
             f"{rc.attention_backend}, moe {rc.moe_backend}, fused norms {'on' if rc.fused_norms else 'off'}, "
             f"CUDA graphs {graphs}")
 
@@ -110,6 +111,8 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
     if path != config.model.model:  # a hub id found in the HF cache: the API still names the model by its id
         config = dataclasses.replace(config, model=dataclasses.replace(
             config.model, model=path, served_model_name=config.model.served_model_name or config.model.model))
+    logger.info("reading the model's config from %s (a GGUF is converted once, on its first start)",
+                config.model.model or "the embedded default model")
     source = resolve_model_source(config.model)
     model_cls = resolve_model_class(source.architectures)
     resolved = resolve_engine_config(config, source.hf_config, model_cls)

@@ -51,9 +51,9 @@ VLLM_MOE_BACKENDS = (
 
 def _refuse(flag: str, value: str, offered: Sequence[str], known_to_vllm: bool, auto_rule: str) -> ValueError:
     why = "a vLLM backend that ladle does not implement" if known_to_vllm else "not a backend ladle or vLLM knows"
-    if known_to_vllm and any(k in value.lower() for k in ("aiter", "rocm", "rdna", "flydsl")):
-        why = "an AMD-only (ROCm) vLLM backend that ladle does not implement"
-    return ValueError(f"{flag} {value}: {why}; ladle offers {', '.join(offered)} or auto ({auto_rule})")
+    amd = known_to_vllm and any(k in value.lower() for k in ("aiter", "rocm", "rdna", "flydsl"))
+    return ValueError(f"{flag} {value}: {why}; ladle offers {', '.join(offered)} or auto ({auto_rule})"
+                      + ("; this one is AMD-only (ROCm)" if amd else ""))
 
 
 def resolve_attention_backend(value: str, device_type: str) -> str:
