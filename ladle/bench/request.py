@@ -1,7 +1,6 @@
 """One streamed HTTP request and what the client records about it (vLLM `bench serve` semantics).
 
-Definitions follow `../shared/design/bench_methodology.md` §1.1, itself read from vLLM's
-`vllm/benchmarks/lib/endpoint_request_func.py`:
+Definitions follow vLLM's `vllm/benchmarks/lib/endpoint_request_func.py`:
 
 - `start_time` is `time.perf_counter()` just before the POST.
 - TTFT: from `start_time` to the first SSE `data:` message whose `choices` list is non-empty (its text may be empty).
