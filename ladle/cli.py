@@ -8,17 +8,27 @@
 
 Subcommands owned by other modules are imported lazily, so a missing module fails with a clear message
 instead of breaking the whole command.
+
+`serve` and `generate` report every refusal of a command line in one message before anything loads (unsupported
+vLLM flags, bad values, and the checks against the model's config.json), exit 2 for refused flags and 1 for
+refused values. `serve` logs from its first second, raises the open-files limit, and ends with status 0 and no
+traceback on Ctrl-C or SIGTERM, during startup as well as while serving.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import signal
 import sys
 from typing import Callable, Optional
 
-from ladle.cli_args import add_config_args, configs_from_args, parse_serve_args
-from ladle.config import env_flag
+from ladle.cli_args import add_config_args, collect_refusals, configs_from_args
+from ladle.config import EngineConfig, ServerConfig, env_flag, format_refusals
+
+logger = logging.getLogger("ladle.cli")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -49,14 +59,69 @@ def _resolve_model(args: argparse.Namespace) -> None:
         args.model__model = args.model_flag
 
 
+def configs_or_refusal(parser: argparse.ArgumentParser,
+                       argv: list[str]) -> tuple[EngineConfig, ServerConfig, argparse.Namespace]:
+    """The configs of a command line, or exit with every refusal in one message: status 2 when a flag is refused
+    (unsupported, malformed), 1 when only values are. When anything is refused, the model's config.json is read
+    too, so its refusals (block size, context length) join the same message; weights are never loaded here."""
+    refusals, args = collect_refusals(parser, argv)
+    flag_refused = bool(refusals)
+    if args is not None:
+        _resolve_model(args)
+        engine_config, server_config = configs_from_args(args)
+        preflight = _lazy("ladle.engine.engine_factory", "preflight_refusals", "the engine")
+        if refusals or preflight(engine_config, with_model=False):
+            refusals += preflight(engine_config, with_model=True)
+    if refusals:
+        print(f"{parser.prog}: error: {format_refusals(refusals)}", file=sys.stderr)
+        sys.exit(2 if flag_refused else 1)
+    return engine_config, server_config, args
+
+
+def raise_open_files_limit(wanted: int = 65536, warn_below: int = 8192) -> None:
+    """Raise the soft RLIMIT_NOFILE to min(hard limit, `wanted`) (each client connection holds a descriptor, and a
+    MiniMax-M3 prefill/decode run hit the default 1024); warn when it stays below `warn_below`."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard == resource.RLIM_INFINITY else min(hard, max(soft, wanted))
+    if soft != resource.RLIM_INFINITY and target != resource.RLIM_INFINITY and target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            logger.warning("could not raise the open-files limit from %d to %d: %s", soft, target, e)
+    if soft != resource.RLIM_INFINITY and soft < warn_below:
+        logger.warning("open-files limit is %d (hard limit %d): fewer than %d concurrent connections fit; raise the "
+                       "hard limit (`ulimit -Hn`, or LimitNOFILE= for a service) before starting ladle", soft, hard,
+                       soft)
+    else:
+        logger.info("open-files limit: %s", "unlimited" if soft == resource.RLIM_INFINITY else soft)
+
+
+def _stop_quietly(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_serve(argv: list[str]) -> int:
     parser = serve_parser()
-    args = parse_serve_args(parser, argv)
-    _resolve_model(args)
-    engine_config, server_config = configs_from_args(args)
-    from ladle.server.api import run_server
+    engine_config, server_config, _ = configs_or_refusal(parser, argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logger.info("ladle serve: configuration accepted (model %s); starting the engine",
+                engine_config.model.model or "the embedded default")
+    raise_open_files_limit()
+    # Ctrl-C and SIGTERM end with status 0 and no traceback, also while the model loads (the server installs its
+    # own SIGTERM handler once it serves; uvicorn re-raises Ctrl-C as KeyboardInterrupt when it has shut down).
+    signal.signal(signal.SIGTERM, _stop_quietly)
+    try:
+        from ladle.server.api import run_server
 
-    return run_server(engine_config, server_config)
+        return run_server(engine_config, server_config)
+    except KeyboardInterrupt:
+        logger.info("ladle serve: stopped")
+        return 0
 
 
 def cmd_generate(argv: list[str]) -> int:
@@ -67,9 +132,7 @@ def cmd_generate(argv: list[str]) -> int:
     parser.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     add_config_args(parser, include_server=False)
     parser.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL")
-    args = parse_serve_args(parser, argv)
-    _resolve_model(args)
-    engine_config, _ = configs_from_args(args)
+    engine_config, _, args = configs_or_refusal(parser, argv)
     from ladle.core.sampling_params import SamplingParams
 
     LLM = _lazy("ladle.engine.llm", "LLM", "the offline LLM API")

@@ -8,8 +8,11 @@ one or more ints (`--cuda-graph-sizes 1 8 32`, nargs="+", stored as a tuple), el
 (`model`) is an optional positional argument. Values with a fixed set of choices (the backends) are checked by
 config resolution, not by argparse, so a vLLM value ladle lacks gets a message naming what ladle offers.
 
-A real vLLM flag (`ladle/data/vllm_serve_flags.txt`) that ladle does not implement fails with
-"not supported yet: FLAG" instead of argparse's usage dump.
+A real vLLM flag (`ladle/data/vllm_serve_flags.txt`, regenerated from a vLLM release) that ladle does not
+implement is refused with "not supported yet: FLAG" and what ladle offers instead, never argparse's usage dump.
+`collect_refusals` gathers every such refusal of one command line (its values skipped by the flag's arity in the
+list) and argparse's own error on the rest, so the command reports them all in one message (`format_refusals`).
+A ladle on/off flag also takes vLLM's other spellings of "off" (`--disable-prefix-caching`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ import sys
 from importlib import resources
 from typing import Any, Optional
 
-from ladle.config import COMPONENTS, EngineConfig, ServerConfig
+from ladle.config import COMPONENTS, EngineConfig, ServerConfig, format_refusals
 
 # Fields that accept vLLM's human-readable integers (vllm/engine/arg_utils.py: human_readable_ints).
 _HUMAN_READABLE = {"max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"}
 _SERVER = "server"
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmFlag:
+    """One option string of `vllm serve`: the flag it belongs to, whether it turns an on/off flag off, and how
+    many values follow it ('one' | 'none' | 'list' | 'optional')."""
+
+    canonical: str
+    arity: str
+    negative: bool = False
 
 
 class UnsupportedFlagError(SystemExit):
@@ -115,17 +128,19 @@ def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True
             continue
         shown = help_text if "default" in help_text else f"{help_text} (default: {_shown_default(f)})"
         kw: dict[str, Any] = {"dest": _dest(comp, f), "default": default, "help": shown}
+        names = [flag, *aliases.get(flag, [])]
         if kind != "bool":
             kw["metavar"] = f.name.upper()
         if kind == "bool":
-            kw["action"] = argparse.BooleanOptionalAction
+            names += [n for n in _negations(flag) if n != "--no-" + flag[2:]]
+            kw["action"] = OnOffAction
         elif kind == "int":
             kw["type"] = human_readable_int if f.name in _HUMAN_READABLE else int
         elif kind == "float":
             kw["type"] = float
         elif kind == "ints":
             kw.update(type=int, nargs="+", metavar="N")
-        parser.add_argument(flag, *aliases.get(flag, []), **kw)
+        parser.add_argument(*names, **kw)
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
@@ -139,22 +154,48 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
     return engine, ServerConfig(**values[_SERVER])
 
 
-def load_vllm_flags() -> dict[str, str]:
-    """vLLM's `vllm serve` flags -> canonical name, including aliases and `--no-` forms of bool flags."""
+class OnOffAction(argparse.BooleanOptionalAction):
+    """`--x` / `--no-x` (argparse's BooleanOptionalAction) plus vLLM's other "off" spellings passed as further
+    option strings (`--disable-x` for `--enable-x`, ladle/data/vllm_serve_flags.txt)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any):
+        self._off = set(option_strings[1:])
+        super().__init__(option_strings[:1], dest, **kw)
+        self._off.add("--no-" + option_strings[0][2:])
+        self.option_strings = [option_strings[0], "--no-" + option_strings[0][2:]] + \
+            sorted(self._off - {"--no-" + option_strings[0][2:]})
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: D401 (argparse's signature)
+        setattr(namespace, self.dest, option_string not in self._off)
+
+
+def _flag_lines() -> list[list[str]]:
     text = resources.files("ladle").joinpath("data/vllm_serve_flags.txt").read_text()
-    flags: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
+    return [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def vllm_flag_info() -> dict[str, VllmFlag]:
+    """Every option string of `vllm serve` (aliases and "off" forms included) -> VllmFlag."""
+    flags: dict[str, VllmFlag] = {}
+    for parts in _flag_lines():
         canonical = parts[0]
-        for name in parts:
-            if name == "[bool]":
-                flags["--no-" + canonical[2:]] = "--no-" + canonical[2:]
-            else:
-                flags[name] = canonical
+        arity = next((m[1:-1] for m in parts if m in ("[switch]", "[list]", "[optional]")), "one")
+        arity = "none" if arity == "switch" or "[bool]" in parts else arity
+        off = parts.index("[bool]") if "[bool]" in parts else len(parts)
+        for i, name in enumerate(parts):
+            if name.startswith("-"):
+                flags[name] = VllmFlag(canonical, arity, negative=i > off)
     return flags
+
+
+def load_vllm_flags() -> dict[str, str]:
+    """vLLM's `vllm serve` option strings -> the canonical flag they belong to (aliases, "off" forms included)."""
+    return {name: info.canonical for name, info in vllm_flag_info().items()}
+
+
+def _negations(flag: str) -> list[str]:
+    """vLLM's "off" option strings of the on/off flag `flag` ([] when vLLM has no such flag)."""
+    return [name for name, info in vllm_flag_info().items() if info.canonical == flag and info.negative]
 
 
 def vllm_flags_version() -> str:
@@ -188,25 +229,98 @@ def strip_no_op_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def check_unsupported(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """Exit with "not supported yet: FLAG" for a known vLLM flag that `parser` does not define."""
+# What ladle offers instead of a vLLM flag it does not implement (the rest get the generic sentence).
+INSTEAD = {
+    "--tool-call-parser": "not wired into `ladle serve` yet: the minimax_m3, hermes and llama3_json parsers are "
+                          "being connected; leave it out for now",
+    "--reasoning-parser": "not wired into `ladle serve` yet: the minimax_m3 parser is being connected; leave it "
+                          "out for now",
+    "--enable-auto-tool-choice": "not wired into `ladle serve` yet: it comes with --tool-call-parser; leave it out",
+    "--quantization": "ladle loads bf16/fp16/fp32 safetensors, MXFP8 checkpoints (dequantised at load) and GGUF "
+                      "files as they are; leave it out",
+    "--pipeline-parallel-size": "ladle runs a model on 1 GPU",
+    "--data-parallel-size": "ladle runs one engine; start one `ladle serve` per GPU behind a load balancer",
+    "--enable-expert-parallel": "ladle runs a model on 1 GPU",
+    "--speculative-config": "ladle has no speculative decoding",
+    "--enable-lora": "ladle serves no LoRA adapters",
+    "--cudagraph-capture-sizes": "ladle's --cuda-graph-sizes takes the decode batch sizes to capture",
+    "--max-cudagraph-capture-size": "ladle's --cuda-graph-sizes N captures 1 2 4 and the multiples of 8 up to N",
+    "--compilation-config": "ladle compiles nothing; --enforce-eager / --cuda-graph-sizes set CUDA graph capture",
+}
+
+
+def _unsupported_refusal(name: str, canonical: str, prog: str) -> str:
+    instead = INSTEAD.get(canonical)
+    if instead:
+        return f"not supported yet: {name} ({instead})"
+    return (f"not supported yet: {name} (a `vllm serve` flag, {vllm_flags_version().split(' `')[0]}, that ladle does "
+            f"not implement; see `{prog} --help` for the supported flags)")
+
+
+def split_unsupported(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """(refusals, the rest of argv): one "not supported yet: FLAG (...)" per known vLLM option string that `parser`
+    does not define, its values dropped by the flag's arity (`--flag=v` is one token). Only exact vLLM names
+    (or their underscore spellings) are refused here; anything else stays for argparse."""
     known = set(parser._option_string_actions)  # every option string the parser accepts
-    vllm = load_vllm_flags()
-    for token in argv:
+    vllm = vllm_flag_info()
+    refusals: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        name, has_value = token.split("=", 1)[0], "=" in token
+        info = vllm.get(name) or vllm.get(name.replace("_", "-"))
         if token == "--":
+            rest += argv[i - 1:]
             break
-        if not token.startswith("-") or token in ("-", "-h", "--help"):
+        if not token.startswith("-") or name in known or info is None or token in ("-", "-h", "--help"):
+            rest.append(token)
             continue
-        name = token.split("=", 1)[0]
-        if name in known:
+        refusals.append(_unsupported_refusal(name, info.canonical, parser.prog))
+        if has_value or info.arity == "none":
             continue
-        # argparse also accepts unambiguous prefixes; only exact vLLM names are reported here.
-        if name in vllm or name.replace("_", "-") in vllm:
-            raise UnsupportedFlagError(
-                f"{parser.prog}: error: not supported yet: {name} "
-                f"(a `vllm serve` flag, {vllm_flags_version().split(' `')[0]}, that ladle does not implement; "
-                f"see `{parser.prog} --help` for the supported flags)"
-            )
+        if info.arity == "one" and i < len(argv):
+            i += 1
+        else:  # list / optional: every following token that is not a flag
+            while i < len(argv) and not argv[i].startswith("-"):
+                i += 1
+    return refusals, rest
+
+
+def check_unsupported(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Exit (UnsupportedFlagError, status 2) with every vLLM flag of `argv` that `parser` does not define."""
+    refusals, _ = split_unsupported(parser, argv)
+    if refusals:
+        raise UnsupportedFlagError(f"{parser.prog}: error: {format_refusals(refusals)}")
+
+
+class _ArgparseError(Exception):
+    pass
+
+
+def _raise_instead_of_exit(message: str) -> None:
+    raise _ArgparseError(message)
+
+
+def collect_refusals(parser: argparse.ArgumentParser,
+                     argv: list[str]) -> tuple[list[str], Optional[argparse.Namespace]]:
+    """(refusals, namespace or None) for one command line: the unsupported vLLM flags, then argparse's error on the
+    rest if any (then no namespace). argparse's error alone exits as argparse does (usage + error, status 2), and so
+    does `--help`."""
+    argv = strip_no_op_flags(argv)
+    refusals, rest = split_unsupported(parser, argv)
+    error = parser.error
+    parser.error = _raise_instead_of_exit  # type: ignore[method-assign]
+    try:
+        return refusals, parser.parse_args(rest)
+    except _ArgparseError as e:
+        if not refusals:
+            parser.error = error  # type: ignore[method-assign]
+            parser.error(str(e))
+        return refusals + [str(e)], None
+    finally:
+        parser.error = error  # type: ignore[method-assign]
 
 
 def flags_markdown() -> str:
@@ -224,7 +338,9 @@ def flags_markdown() -> str:
 
 
 def parse_serve_args(parser: argparse.ArgumentParser, argv: list[str]) -> Optional[argparse.Namespace]:
-    """check_unsupported then parse; argparse's own errors (bad values, unknown flags) stay as they are."""
-    argv = strip_no_op_flags(argv)
-    check_unsupported(parser, argv)
-    return parser.parse_args(argv)
+    """Parse, or exit with status 2 and every flag refusal in one message (argparse's own error alone: its usual
+    usage + error)."""
+    refusals, args = collect_refusals(parser, argv)
+    if refusals:
+        raise UnsupportedFlagError(f"{parser.prog}: error: {format_refusals(refusals)}")
+    return args

@@ -43,7 +43,10 @@ class ModelConfig:
     load_format: str = _f("auto", "--load-format", "auto, safetensors, gguf, or dummy (random weights from config.json)")
     hf_overrides: Optional[str] = _f(None, "--hf-overrides", "JSON dict merged into the model's config.json")
     seed: int = _f(0, "--seed", "random seed for dummy weights and unseeded sampling")
-    language_model_only: bool = _f(False, "--language-model-only", "load only the text model of a multimodal checkpoint")
+    language_model_only: bool = _f(
+        True, "--language-model-only",
+        "load only the text model of a multimodal checkpoint (always: ladle has no vision or audio encoder, so "
+        "--no-language-model-only is refused)")
     device: str = _f("auto", "--device", "auto (cuda if available, else cpu), cpu, cuda")
 
 
@@ -55,7 +58,9 @@ class CacheConfig:
     kv_cache_memory_bytes: Optional[int] = _f(None, "--kv-cache-memory-bytes", "bytes for the KV cache (default 2 GiB on CPU)")
     gpu_memory_utilization: float = _f(0.9, "--gpu-memory-utilization", "fraction of GPU memory ladle may use")
     enable_prefix_caching: bool = _f(True, "--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
-    kv_cache_dtype: str = _f("auto", "--kv-cache-dtype", "auto (= model dtype)")
+    kv_cache_dtype: str = _f(
+        "auto", "--kv-cache-dtype", "auto (= model dtype); other values (fp8, ...) are refused until an FP8 KV cache "
+        "exists")
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,9 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tensor_parallel_size: int = _f(1, "--tensor-parallel-size", "tensor parallel ranks (only 1 is supported yet)")
+    tensor_parallel_size: int = _f(
+        1, "--tensor-parallel-size", "tensor parallel ranks: only 1 (other values are refused until tensor "
+        "parallelism exists)")
 
 
 # Decode batch sizes captured as CUDA graphs by default (then clamped to --max-num-seqs).
@@ -149,5 +156,15 @@ COMPONENTS = {
 
 
 def env_flag(name: str, default: str = "") -> str:
-    """The one place ladle reads environment variables (`LADLE_*`, `TRITON_INTERPRET`)."""
+    """The one place ladle reads environment variables (`LADLE_*`, `TRITON_INTERPRET`, the Hugging Face cache's
+    `HF_HOME` / `HF_HUB_CACHE`)."""
     return os.environ.get(name, default)
+
+
+def format_refusals(refusals: list[str]) -> str:
+    """The one message for the refused settings of a command line: one refusal as is; several as a header line and
+    one indented line each (each line names the flag, the value and what ladle offers instead)."""
+    if len(refusals) == 1:
+        return refusals[0]
+    return "\n".join([f"{len(refusals)} settings of this command line are refused (nothing was loaded; fix them all "
+                      "and run again):"] + [f"  {r}" for r in refusals])

@@ -1,6 +1,6 @@
 """Agentic-coding traces: loading, scaling, token synthesis and the theoretical prefix-cache hit rate.
 
-Trace format: `../shared/data/README.md` (WEKA / kv-cache-tester). A trace has `requests` in time order; a request
+Trace format (WEKA / kv-cache-tester traces, one JSON object per trace file). A trace has `requests` in time order; a request
 has `t`, `type` ("n"/"s", or "subagent" with its own nested `requests` and `t` counted from the subagent's start),
 `in`, `out`, `hash_ids` (one id per full 64-token block of the input, scope local to the trace), `api_time`,
 `think_time` (seconds from the previous ordinary request's end to this one's start).

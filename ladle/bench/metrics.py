@@ -1,6 +1,6 @@
 """Aggregate metrics over a run, exactly as vLLM's `calculate_metrics` defines them.
 
-Source: `../shared/design/bench_methodology.md` §1.2-§1.3 (vLLM `vllm/benchmarks/serve.py`).
+Source: vLLM's `calculate_metrics` in `vllm/benchmarks/serve.py`.
 
 - TPOT per request = (E2EL - TTFT) / (output_tokens - 1), only for output_tokens > 1; single-token outputs are
   excluded from the TPOT statistics and count as TPOT = 0 for goodput.

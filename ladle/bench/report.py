@@ -3,7 +3,9 @@ the file name, and ladle's own section under the top-level key "ladle".
 
 Differences from vLLM, on purpose: the per-request arrays (input_lens, output_lens, ttfts, itls, start_times,
 generated_texts, errors) are always kept (vLLM keeps them only with --save-detailed, which ladle accepts); no
-`.pytorch.json` side file is written.
+`.pytorch.json` side file is written. The printed summary uses vLLM's lines and wording as of vLLM 0.33.0
+(`vllm/benchmarks/serve.py`: e.g. "Total token throughput (tok/s):"; releases before mid-2025 printed "Total Token
+throughput"), plus ladle's "Failures by kind:" line and agentic section.
 """
 
 from __future__ import annotations
@@ -147,6 +149,8 @@ def print_summary(args: argparse.Namespace, r: dict[str, Any]) -> None:
         print(line("Failures by kind:", json.dumps(r["ladle"]["errors_by_kind"])))
     if args.max_concurrency is not None:
         print(line("Maximum request concurrency:", args.max_concurrency))
+    if args.request_rate != float("inf"):
+        print(fline("Request rate configured (RPS):", args.request_rate))
     print(fline("Benchmark duration (s):", r["duration"]))
     print(line("Total input tokens:", r["total_input_tokens"]))
     print(line("Total generated tokens:", r["total_output_tokens"]))

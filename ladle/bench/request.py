@@ -1,7 +1,6 @@
 """One streamed HTTP request and what the client records about it (vLLM `bench serve` semantics).
 
-Definitions follow `../shared/design/bench_methodology.md` §1.1, itself read from vLLM's
-`vllm/benchmarks/lib/endpoint_request_func.py`:
+Definitions follow vLLM's `vllm/benchmarks/lib/endpoint_request_func.py`:
 
 - `start_time` is `time.perf_counter()` just before the POST.
 - TTFT: from `start_time` to the first SSE `data:` message whose `choices` list is non-empty (its text may be empty).
@@ -197,6 +196,9 @@ async def send_request(inp: RequestInput, session: aiohttp.ClientSession, timeou
         out.success = True
     except TimeoutError:
         out.error_kind, out.error = "timeout", f"no complete response within {timeout_s} s"
+    except aiohttp.ClientConnectorError as e:  # no TCP connection: say so in plain words
+        what = "connection refused" if isinstance(e.os_error, ConnectionRefusedError) else "cannot connect"
+        out.error_kind, out.error = "connection_error", f"{what} at {inp.api_url}: {e}"
     except aiohttp.ClientConnectionError as e:
         out.error_kind, out.error = "connection_error", f"{type(e).__name__}: {e}"
     except Exception as e:  # a malformed stream etc.: counted, never a crash of the benchmark

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import sys
 import time
 from typing import Any
 
@@ -167,13 +168,19 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
     limit = 0 if args.dataset_name == "agentic" else (args.max_concurrency or 0)
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        refused = await server_info.connection_refused(session, base_url)
+        if refused:  # said up front; the run still goes on (and counts every request as a connection error)
+            print(f"ladle bench: warning: {refused}; every request will fail", file=sys.stderr)
         if args.model is None:
             model_name, model_id = await server_info.first_model(session, base_url)
         else:
             model_id, model_name = args.model, args.served_model_name or args.model
         version = await server_info.get_json(session, f"{base_url}/version")
         metrics_start = await server_info.get_metrics(session, base_url)
-        wl = await asyncio.to_thread(build_workload, args, base_url, model_name, version)
+        try:
+            wl = await asyncio.to_thread(build_workload, args, base_url, model_name, version)
+        except ValueError as e:
+            raise (RuntimeError(f"{refused}; and {e}") if refused else e) from None
         wl.info["server_block_size"] = server_info.block_size_from(version, metrics_start)
         runner = Runner(args, session, base_url, api_url, model_name)
         agentic_stats = None
@@ -200,6 +207,8 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
     result = report.build_result(args, model_id, wl.tokenizer_id, outputs, dur, count)
     result["ladle"] = report.ladle_section(args, argv, outputs, result, wl.info, server, agentic_stats)
     report.print_summary(args, result)
+    if refused and not any(o.success for o in outputs):
+        print(f"ladle bench: error: {refused}", file=sys.stderr)
     if args.save_result:
         path = report.save(args, result, model_id)
         print(f"saved {path}")

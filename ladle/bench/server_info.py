@@ -90,9 +90,33 @@ async def get_metrics(session: aiohttp.ClientSession, base_url: str) -> dict | N
         return None
 
 
+def refused_message(base_url: str) -> str:
+    """What to say when nothing listens at `base_url`."""
+    return (f"connection refused at {base_url}: no server answers there (start one, e.g. `ladle serve MODEL`, or "
+            "point --base-url / --host / --port at it)")
+
+
+async def connection_refused(session: aiohttp.ClientSession, base_url: str) -> str | None:
+    """`refused_message(base_url)` when a TCP connection to the server cannot be made, else None (whatever the
+    server answers, even an error status)."""
+    try:
+        async with session.get(f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=10)):
+            return None
+    except aiohttp.ClientConnectorError as e:
+        if isinstance(e.os_error, ConnectionRefusedError):
+            return refused_message(base_url)
+        return f"cannot connect to {base_url}: {e.os_error}"
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
 async def first_model(session: aiohttp.ClientSession, base_url: str) -> tuple[str, str]:
-    """(id, root) of the first model in /v1/models. Raises RuntimeError if the server lists none."""
+    """(id, root) of the first model in /v1/models. Raises RuntimeError if the server lists none or is not there."""
     data = await get_json(session, f"{base_url}/v1/models")
+    if not data:
+        refused = await connection_refused(session, base_url)
+        if refused:
+            raise RuntimeError(refused)
     if not data or not data.get("data"):
         hint = (" (--base-url is the server root, without /v1: the endpoint adds it)"
                 if base_url.rstrip("/").endswith("/v1") else "; pass --model")

@@ -4,7 +4,8 @@ The picture follows InferenceX (bench_methodology.md §2.2): throughput per GPU 
 y axis against interactivity = 1000 / median TPOT ms (tokens/s per user) on the x axis, one point per concurrency;
 beside it, TTFT (median and p99) against concurrency. The table gives p90/p99 as well. Every point uses the same
 seed, so all points see the same prompts (a server with prefix caching sees the prompts again at later points;
-start it with prefix caching off for fixed-length sweeps, as InferenceX does).
+start it with prefix caching off for fixed-length sweeps, as InferenceX does). The PNG needs matplotlib (the
+`bench` extra); without it the sweep says so before the first point and writes the table and JSON only.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import importlib.util
 import json
 import os
+import sys
 from typing import Any
 
 DEFAULT_CONCURRENCIES = "1,4,16,64,256"
@@ -121,11 +124,24 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
     plt.close(fig)
 
 
+MISSING_MATPLOTLIB = ("ladle bench sweep: matplotlib is not installed, so this sweep writes sweep.md and sweep.json "
+                      "but no sweep.png; for the plot, install it: pip install matplotlib (or pip install "
+                      "'ladle[bench]')")
+
+
+def can_plot() -> bool:
+    """Whether matplotlib can be imported (checked before the first point, not after the last)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def run_sweep(args: argparse.Namespace, argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Runs every point; writes c{C}.json, sweep.md, sweep.png and sweep.json under --result-dir (default
-    ./bench_sweep). Returns the table rows."""
+    """Runs every point; writes c{C}.json, sweep.md, sweep.json and (with matplotlib) sweep.png under --result-dir
+    (default ./bench_sweep). Returns the table rows."""
     from ladle.bench.serve import run_serve
 
+    plotting = can_plot()
+    if not plotting:
+        print(MISSING_MATPLOTLIB, file=sys.stderr)
     out_dir = args.result_dir or "bench_sweep"
     os.makedirs(out_dir, exist_ok=True)
     rows = []
@@ -140,6 +156,7 @@ def run_sweep(args: argparse.Namespace, argv: list[str] | None = None) -> list[d
         f.write(table)
     with open(os.path.join(out_dir, "sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    plot(rows, os.path.join(out_dir, "sweep.png"), f"{model} - {args.dataset_name}, {args.num_gpus or 1} GPU(s)")
+    if plotting:
+        plot(rows, os.path.join(out_dir, "sweep.png"), f"{model} - {args.dataset_name}, {args.num_gpus or 1} GPU(s)")
     print(table)
     return rows

@@ -3,19 +3,25 @@ choices (--attention-backend, --moe-backend, --fused-norms, --cuda-graph-sizes; 
 become concrete.
 
 `resolve_engine_config(config, source, model_cls)` returns a new EngineConfig (dataclasses.replace; the
-input is never mutated). User errors raise `ConfigError` (a ValueError) with a message that says why.
+input is never mutated). User errors raise `ConfigError` (a ValueError) with a message that says why; all the
+refusals of one config come in one ConfigError (`config_refusals` lists them without raising, so the command line
+can add them to its own, and `hf_config=None` checks what needs no model). `resolve_model_path` turns a Hugging
+Face hub id into its local HF-cache snapshot, or refuses it with the download command.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import os
+import re
+from typing import Any, Callable, Optional
 
 import torch
 
-from ladle.config import GiB, EngineConfig
+from ladle.config import GiB, EngineConfig, env_flag, format_refusals
 from ladle.models.hf_config import text_config_of
-from ladle.runner.op_backends import resolve_runner_config
+from ladle.runner.op_backends import (expand_cuda_graph_sizes, resolve_attention_backend, resolve_moe_backend,
+                                      resolve_runner_config)
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_CPU_KV_BYTES = 2 * GiB
@@ -23,8 +29,54 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.b
            "float16": torch.float16, "half": torch.float16}
 
 
+# vLLM's --kv-cache-dtype values (vllm/config/cache.py `CacheDType`, vLLM 0.33.0) other than auto.
+VLLM_KV_CACHE_DTYPES = (
+    "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla", "turboquant_k8v4",
+    "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3",
+    "octave_k3v3_compact", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+    "nvfp4", "nvfp4_4over6",
+)
+
+
 class ConfigError(ValueError):
-    """An engine setting that cannot work with this model or machine."""
+    """Engine settings that cannot work with this model or machine: one or more refusals, each a line that names
+    the flag, the value and what ladle offers instead. `str()` is the one refusal, or a header and one per line."""
+
+    def __init__(self, *refusals: str):
+        self.refusals = list(refusals)
+        super().__init__(format_refusals(self.refusals))
+
+
+def _hub_cache_dir() -> str:
+    """huggingface_hub's cache folder: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if env_flag("HF_HUB_CACHE"):
+        return env_flag("HF_HUB_CACHE")
+    home = env_flag("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def resolve_model_path(model: Optional[str]) -> Optional[str]:
+    """`model` unchanged when it is None or a local path; a Hugging Face hub id (`owner/name`, no such local path)
+    becomes its snapshot in the local HF cache (`models--owner--name/snapshots/<refs/main>`, the layout
+    huggingface_hub writes), or raises ConfigError saying to download it first."""
+    if model is None or os.path.exists(os.path.expanduser(model)) or not _HUB_ID.fullmatch(model):
+        return model
+    repo_dir = os.path.join(_hub_cache_dir(), "models--" + model.replace("/", "--"))
+    snapshots = os.path.join(repo_dir, "snapshots")
+    ref_file = os.path.join(repo_dir, "refs", "main")
+    if os.path.isfile(ref_file):
+        with open(ref_file) as f:
+            snapshot = os.path.join(snapshots, f.read().strip())
+        if os.path.isfile(os.path.join(snapshot, "config.json")):
+            return snapshot
+    name = model.split("/")[1]
+    raise ConfigError(
+        f"{model} is a Hugging Face hub id, and ladle loads local paths only (it downloads nothing): download it "
+        f"first, e.g. `huggingface-cli download {model} --local-dir ./{name}`, then `ladle serve ./{name}` "
+        f"(a copy in the local Hugging Face cache, {_hub_cache_dir()}, is found by its id)")
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 def resolve_device(device: str) -> str:
@@ -92,27 +144,100 @@ def resolve_block_size(requested: int, hf_config: dict, model_cls: Any) -> int:
     return int(requested)
 
 
-def resolve_engine_config(config: EngineConfig, hf_config: dict, model_cls: Any = None) -> EngineConfig:
-    """A fully resolved copy of `config` for this model (see module docstring)."""
-    device = resolve_device(config.model.device)
-    model = dataclasses.replace(
-        config.model,
-        device=device,
-        dtype=resolve_dtype(config.model.dtype, device, hf_config),
-        max_model_len=resolve_max_model_len(config.model.max_model_len, hf_config),
-    )
+def resolve_parallel(tensor_parallel_size: int) -> int:
+    """Only 1 until tensor parallelism lands; anything else is refused (never ignored)."""
+    if tensor_parallel_size == 1:
+        return 1
+    if tensor_parallel_size < 1:
+        raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size}: must be a positive number of GPUs; "
+                          "ladle runs a model on 1 GPU (leave the flag out)")
+    raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size}: tensor parallelism is not implemented yet; "
+                      "ladle runs a model on 1 GPU (leave the flag out, or pass 1)")
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str) -> str:
+    """Only auto (the KV cache stores the model dtype, which --dtype picks) until an FP8 KV cache lands."""
+    if kv_cache_dtype == "auto":
+        return "auto"
+    why = ("a vLLM KV cache dtype that ladle does not implement yet" if kv_cache_dtype in VLLM_KV_CACHE_DTYPES
+           else "not a KV cache dtype ladle or vLLM knows")
+    raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype}: {why}; ladle offers auto (the KV cache stores the model "
+                      "dtype: float32 on CPU, bfloat16/float16 on CUDA, set with --dtype)")
+
+
+def _language_model_only(value: bool) -> bool:
+    if not value:
+        raise ConfigError("--no-language-model-only: ladle has no vision or audio encoder; it always loads the text "
+                          "model of a multimodal checkpoint (leave the flag out)")
+    return True
+
+
+class _Refusals:
+    """Collects the ConfigError/ValueError of each step so every refusal of a config is reported at once."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def run(self, fn: Callable[..., Any], *args: Any, fallback: Any = None) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            self.messages.extend(e.refusals)
+        except ValueError as e:
+            self.messages.append(str(e))
+        return fallback
+
+
+def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
+             refusals: _Refusals) -> EngineConfig:
+    """The resolved config; steps that fail record a refusal and leave their field as given. `hf_config=None`
+    skips the steps that need the model (max_model_len, block size, the dtype auto rule on CUDA)."""
+    device = refusals.run(resolve_device, config.model.device, fallback="cpu")
+    model_fields = dict(device=device, language_model_only=refusals.run(
+        _language_model_only, config.model.language_model_only, fallback=config.model.language_model_only))
+    if hf_config is not None or config.model.dtype != "auto":
+        model_fields["dtype"] = refusals.run(resolve_dtype, config.model.dtype, device, hf_config or {},
+                                             fallback=config.model.dtype)
+    cache_fields: dict[str, Any] = dict(kv_cache_dtype=refusals.run(resolve_kv_cache_dtype, config.cache.kv_cache_dtype,
+                                                                      fallback=config.cache.kv_cache_dtype))
+    if hf_config is not None:
+        model_fields["max_model_len"] = refusals.run(resolve_max_model_len, config.model.max_model_len, hf_config,
+                                                     fallback=config.model.max_model_len)
+        cache_fields["block_size"] = refusals.run(resolve_block_size, config.cache.block_size, hf_config, model_cls,
+                                                  fallback=config.cache.block_size)
     kv_bytes = config.cache.kv_cache_memory_bytes
-    if kv_bytes is None and device == "cpu":
-        kv_bytes = DEFAULT_CPU_KV_BYTES
-    cache = dataclasses.replace(
-        config.cache,
-        block_size=resolve_block_size(config.cache.block_size, hf_config, model_cls),
-        kv_cache_memory_bytes=kv_bytes,
-    )
+    cache_fields["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_BYTES if kv_bytes is None and device == "cpu" else kv_bytes
     if config.scheduler.max_num_batched_tokens < 1 or config.scheduler.max_num_seqs < 1:
-        raise ConfigError("--max-num-batched-tokens and --max-num-seqs must be positive")
-    try:
-        runner = resolve_runner_config(config.runner, torch.device(device).type, config.scheduler.max_num_seqs)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    return dataclasses.replace(config, model=model, cache=cache, runner=runner)
+        refusals.messages.append("--max-num-batched-tokens and --max-num-seqs must be positive")
+    parallel = dataclasses.replace(config.parallel, tensor_parallel_size=refusals.run(
+        resolve_parallel, config.parallel.tensor_parallel_size, fallback=config.parallel.tensor_parallel_size))
+    device_type = torch.device(device).type
+    backends_ok = [refusals.run(resolve_attention_backend, config.runner.attention_backend, device_type),
+                   refusals.run(resolve_moe_backend, config.runner.moe_backend, device_type)]
+    runner = config.runner
+    if all(backends_ok):  # else their refusals are recorded; the rest of the runner config is checked below
+        runner = refusals.run(resolve_runner_config, config.runner, device_type, max(1, config.scheduler.max_num_seqs),
+                              fallback=config.runner)
+    elif config.runner.cuda_graph_sizes:
+        refusals.run(expand_cuda_graph_sizes, config.runner.cuda_graph_sizes, max(1, config.scheduler.max_num_seqs))
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, **model_fields),
+                               cache=dataclasses.replace(config.cache, **cache_fields), parallel=parallel,
+                               runner=runner)
+
+
+def config_refusals(config: EngineConfig, hf_config: Optional[dict] = None, model_cls: Any = None) -> list[str]:
+    """Every refusal of `config` (empty when it resolves), each a one-line message. `hf_config=None`: only the
+    checks that need no model (device, dtype, KV cache dtype, parallelism, backends, scheduler limits)."""
+    refusals = _Refusals()
+    _resolve(config, hf_config, model_cls, refusals)
+    return refusals.messages
+
+
+def resolve_engine_config(config: EngineConfig, hf_config: dict, model_cls: Any = None) -> EngineConfig:
+    """A fully resolved copy of `config` for this model (see module docstring). Raises one ConfigError that lists
+    every refusal."""
+    refusals = _Refusals()
+    resolved = _resolve(config, hf_config, model_cls, refusals)
+    if refusals.messages:
+        raise ConfigError(*refusals.messages)
+    return resolved

@@ -1,5 +1,10 @@
 """Build a ready EngineCore from an EngineConfig: source -> resolved config -> tokenizer -> model -> runner ->
-scheduler. Shared by `LLM` (offline) and `AsyncEngine.from_config` (server)."""
+scheduler. Shared by `LLM` (offline) and `AsyncEngine.from_config` (server).
+
+Each stage logs a line when it starts (an operator sees progress from the first second), and the end is one
+summary line: weights bytes, KV capacity in tokens and blocks, the concurrency that fits at max_model_len, dtypes
+and the backend in effect per op (`startup_summary`). `preflight_refusals` checks a config without loading any
+weights, so a command line can report every refusal at once before it binds a port or loads a model."""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ import torch
 
 from ladle.config import COMPONENTS, EngineConfig
 from ladle.core.scheduler import Scheduler
-from ladle.engine.config_resolve import resolve_engine_config, torch_dtype
+from ladle.engine.config_resolve import (ConfigError, config_refusals, resolve_engine_config, resolve_model_path,
+                                         torch_dtype)
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.tokenizer import eos_token_ids, load_tokenizer
 
@@ -56,6 +62,43 @@ def _model_name(config: EngineConfig, source: Any) -> str:
     return getattr(source, "gguf_file", None) or str(getattr(source, "path", "ladle"))
 
 
+def preflight_refusals(config: EngineConfig, with_model: bool = True) -> list[str]:
+    """Every refusal of `config` found without loading weights: the model path (a hub id), then the model-free
+    checks, and with `with_model` the checks against the model's config.json (reading it is cheap; a source that
+    cannot be read is itself a refusal). Empty when the config can be built."""
+    from ladle.models.loader import resolve_model_source
+    from ladle.models.registry import resolve_model_class
+
+    try:
+        path = resolve_model_path(config.model.model)
+    except ConfigError as e:
+        return e.refusals + config_refusals(config)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, model=path))
+    if not with_model:
+        return config_refusals(config)
+    try:
+        source = resolve_model_source(config.model)
+        model_cls = resolve_model_class(source.architectures)
+    except (OSError, ValueError) as e:
+        return [str(e)] + config_refusals(config)
+    return config_refusals(config, source.hf_config, model_cls)
+
+
+def startup_summary(resolved: EngineConfig, model: Any, num_blocks: int) -> str:
+    """One line: weights bytes, KV capacity (tokens, blocks), max concurrency at max_model_len, dtypes, and the
+    backend per op (attention, MoE, fused norms, CUDA graph sizes)."""
+    mc, cc, rc = resolved.model, resolved.cache, resolved.runner
+    weights = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    tokens = num_blocks * cc.block_size
+    kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else cc.kv_cache_dtype
+    graphs = f"{len(rc.cuda_graph_sizes)} sizes up to {max(rc.cuda_graph_sizes)}" if rc.cuda_graph_sizes else "none"
+    return (f"startup summary: weights {weights / 2**30:.2f} GiB ({weights} bytes); KV cache {tokens} tokens in "
+            f"{num_blocks} blocks of {cc.block_size}; max concurrency {tokens / mc.max_model_len:.2f}x at "
+            f"max_model_len {mc.max_model_len}; dtype {mc.dtype}, KV dtype {kv_dtype}; attention "
+            f"{rc.attention_backend}, moe {rc.moe_backend}, fused norms {'on' if rc.fused_norms else 'off'}, "
+            f"CUDA graphs {graphs}")
+
+
 def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
     """Load everything. `tokenizer`: an already loaded tokenizer for this model (skips loading one).
     Raises ConfigError / KVCacheTooSmall / loader errors with user-facing messages."""
@@ -64,18 +107,33 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
     from ladle.runner.model_runner import ModelRunner
 
     t0 = time.monotonic()
+    path = resolve_model_path(config.model.model)
+    if path != config.model.model:  # a hub id found in the HF cache: the API still names the model by its id
+        config = dataclasses.replace(config, model=dataclasses.replace(
+            config.model, model=path, served_model_name=config.model.served_model_name or config.model.model))
+    logger.info("reading the model's config from %s (a GGUF is converted once, on its first start)",
+                config.model.model or "the embedded default model")
     source = resolve_model_source(config.model)
     model_cls = resolve_model_class(source.architectures)
     resolved = resolve_engine_config(config, source.hf_config, model_cls)
     mc = resolved.model
+    logger.info("config resolved: %s (%s) on %s, dtype %s, max_model_len %d", source.path, model_cls.__name__,
+                mc.device, mc.dtype, mc.max_model_len)
     if tokenizer is None:
+        logger.info("loading the tokenizer from %s", source.tokenizer_path)
         tokenizer = load_tokenizer(source.tokenizer_path, source.tokenizer_gguf_file)
     eos = eos_token_ids(tokenizer, source.generation_config)
+    t1 = time.monotonic()
+    logger.info("loading weights (%s, load format %s)", source.kind, mc.load_format)
     model = load_model(mc, source, torch_dtype(mc.dtype), torch.device(mc.device))
+    logger.info("weights loaded in %.1f s", time.monotonic() - t1)
+    sizes = resolved.runner.cuda_graph_sizes
+    logger.info("allocating the KV cache%s", f" and capturing {len(sizes)} CUDA graphs" if sizes else "")
     runner = ModelRunner(mc, resolved.cache, resolved.scheduler, resolved.runner, model, eos)
     scheduler = Scheduler(resolved.scheduler, block_size=resolved.cache.block_size, num_blocks=runner.num_blocks,
                           max_model_len=mc.max_model_len, enable_prefix_caching=resolved.cache.enable_prefix_caching)
     core = EngineCore(scheduler, runner, max_model_len=mc.max_model_len, eos_token_ids=eos)
+    logger.info(startup_summary(resolved, model, runner.num_blocks))
     logger.info("engine ready in %.1f s: %s on %s (%s), max_model_len %d, block %d, %d KV blocks",
                 time.monotonic() - t0, _model_name(resolved, source), mc.device, mc.dtype, mc.max_model_len,
                 resolved.cache.block_size, runner.num_blocks)

@@ -24,25 +24,36 @@ from ladle.layers.attention.metadata import ATTENTION_BACKENDS, MOE_BACKENDS, Op
 AUTO = "auto"
 
 # vLLM's attention backend names that ladle does not implement: the members of vLLM's `AttentionBackendEnum`
-# (vllm/attention/backends/registry.py, late 2025; called `_Backend` before, whose members ROCM_FLASH,
-# DUAL_CHUNK_FLASH_ATTN and DIFFERENTIAL_FLASH_ATTN are included too) minus TRITON_ATTN.
+# (vllm/v1/attention/backends/registry.py in vLLM 0.33.0; vllm/attention/backends/registry.py in late 2025; called
+# `_Backend` before, whose members ROCM_FLASH, DUAL_CHUNK_FLASH_ATTN and DIFFERENTIAL_FLASH_ATTN are included too)
+# minus TRITON_ATTN.
 VLLM_ATTENTION_BACKENDS = (
     "FLASH_ATTN", "XFORMERS", "ROCM_ATTN", "ROCM_FLASH", "ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "ROCM_AITER_FA",
     "ROCM_AITER_MLA_SPARSE", "ROCM_AITER_UNIFIED_ATTN", "TORCH_SDPA", "FLASHINFER", "FLASHINFER_MLA", "TRITON_MLA",
     "CUTLASS_MLA", "FLASHMLA", "FLASHMLA_SPARSE", "FLASH_ATTN_MLA", "PALLAS", "IPEX", "NO_ATTENTION",
     "FLEX_ATTENTION", "TREE_ATTN", "CPU_ATTN", "DUAL_CHUNK_FLASH_ATTN", "DIFFERENTIAL_FLASH_ATTN", "CUSTOM",
+    "FLASH_ATTN_DIFFKV", "TRITON_ATTN_DIFFKV", "TRITON_FLASH_ATTN", "ROCM_SEGMENTED_ATTN", "XPU_MLA_SPARSE",
+    "TRITON_FLASHINFER", "TOKENSPEED_MLA", "FLASHINFER_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM120",
+    "FLASHINFER_MLA_SPARSE_SM90", "FLASHMLA_SPARSE_DSV4", "FLASHINFER_MLA_SPARSE_DSV4", "ROCM_FLASHMLA_SPARSE_DSV4",
+    "FLASHMLA_SPARSE_DSV41", "FLASHINFER_MLA_SPARSE_DSV41", "ROCM_FLASHMLA_SPARSE_DSV41", "FLASHMLA_MEGA_ATTN_DSV41",
+    "B12X", "FLASH_ATTN_MLA_SPARSE", "FLASH_ATTN_MLA_SPARSE_FA4", "MINIMAX_M3_SPARSE", "CUTLASS_MSA", "TRITON_MSA",
+    "STEP5_DSA", "HPC_ATTN", "CPU_MLA", "AMX_MLA", "TURBOQUANT", "ROCM_OCTAVE", "ULTRAQUANT",
 )
 # vLLM's --moe-backend values that ladle does not implement: vLLM's `MoEBackend` literal (vllm/config/kernel.py,
-# union over releases 0.12-0.20) minus auto and triton.
+# union over releases 0.12-0.33) minus auto and triton.
 VLLM_MOE_BACKENDS = (
     "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl",
-    "flashinfer_b12x", "marlin", "sm70_skinny", "humming", "triton_unfused", "aiter", "emulation",
+    "flashinfer_b12x", "marlin", "sm70_skinny", "humming", "triton_unfused", "aiter", "emulation", "batched_triton",
+    "flashinfer_moe_ep_cutedsl", "b12x", "flashinfer_moe_ep_mega_deep_gemm", "aiter_mega_moe",
+    "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "rdna3",
 )
 
 
 def _refuse(flag: str, value: str, offered: Sequence[str], known_to_vllm: bool, auto_rule: str) -> ValueError:
     why = "a vLLM backend that ladle does not implement" if known_to_vllm else "not a backend ladle or vLLM knows"
-    return ValueError(f"{flag} {value}: {why}; ladle offers {', '.join(offered)} or auto ({auto_rule})")
+    amd = known_to_vllm and any(k in value.lower() for k in ("aiter", "rocm", "rdna", "flydsl"))
+    return ValueError(f"{flag} {value}: {why}; ladle offers {', '.join(offered)} or auto ({auto_rule})"
+                      + ("; this one is AMD-only (ROCm)" if amd else ""))
 
 
 def resolve_attention_backend(value: str, device_type: str) -> str:

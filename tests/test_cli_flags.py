@@ -1,0 +1,167 @@
+"""Honest flags: the MiniMax-M3 recipe line pasted unchanged gets every refusal in one message before anything loads;
+no flag is accepted and ignored; a Hugging Face hub id gets the download command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ladle.cli import serve_parser
+from ladle.cli_args import collect_refusals, configs_from_args, load_vllm_flags, parse_serve_args, vllm_flags_version
+from ladle.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig
+from ladle.engine.config_resolve import ConfigError, config_refusals, resolve_engine_config, resolve_model_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = ("--tensor-parallel-size 4 --block-size 128 --no-enable-prefix-caching --language-model-only --moe-backend "
+          "aiter --max-model-len 10240 --max-num-batched-tokens 32768 --kv-cache-dtype fp8 --attention-backend "
+          "TRITON_ATTN --tool-call-parser minimax_m3 --reasoning-parser minimax_m3 --enable-auto-tool-choice").split()
+
+
+def _ladle(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ladle", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def m3_tiny(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("m3") / "m3-tiny")
+    r = _ladle("make-checkpoint", "minimax-m3", "--preset", "tiny", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_recipe_line_on_tiny_m3_is_one_message(m3_tiny):
+    r = _ladle("serve", m3_tiny, *RECIPE, "--port", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.count("error:") == 1 and "usage:" not in r.stderr
+    assert r.stderr.startswith("ladle serve: error: 8 settings of this command line are refused")
+    lines = [line.strip() for line in r.stderr.splitlines()[1:]]
+    expected = ["not supported yet: --tool-call-parser", "not supported yet: --reasoning-parser",
+                "not supported yet: --enable-auto-tool-choice", "--kv-cache-dtype fp8:", "--max-model-len 10240",
+                "--block-size 128", "--tensor-parallel-size 4:", "--moe-backend aiter:"]
+    assert len(lines) == len(expected)
+    for prefix in expected:
+        assert sum(line.startswith(prefix) for line in lines) == 1, (prefix, r.stderr)
+    # each refusal says what ladle offers instead
+    assert "AMD-only" in r.stderr and "ladle offers triton, torch" in r.stderr
+    assert "ladle offers auto" in r.stderr and "must be 16" in r.stderr and "use at most 4096" in r.stderr
+    assert "ladle runs a model on 1 GPU" in r.stderr
+    assert "loading weights" not in r.stderr  # nothing was loaded
+
+
+def test_recipe_flags_ladle_implements_parse():
+    args = parse_serve_args(serve_parser(), ["m", "--block-size", "128", "--no-enable-prefix-caching",
+                                             "--language-model-only", "--max-model-len", "10240",
+                                             "--max-num-batched-tokens", "32768", "--attention-backend", "TRITON_ATTN"])
+    engine, _ = configs_from_args(args)
+    assert engine.cache.block_size == 128 and engine.cache.enable_prefix_caching is False
+    assert engine.model.language_model_only is True and engine.model.max_model_len == 10240
+    assert engine.scheduler.max_num_batched_tokens == 32768 and engine.runner.attention_backend == "TRITON_ATTN"
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ([], True), (["--enable-prefix-caching"], True), (["--no-enable-prefix-caching"], False),
+    (["--disable-prefix-caching"], False), (["--no-enable-prefix-caching", "--enable-prefix-caching"], True),
+])
+def test_prefix_caching_negations(argv, expected):
+    engine, _ = configs_from_args(parse_serve_args(serve_parser(), argv))
+    assert engine.cache.enable_prefix_caching is expected
+
+
+@pytest.mark.parametrize("tp,message", [
+    (4, "tensor parallelism is not implemented yet"), (2, "tensor parallelism is not implemented yet"),
+    (0, "must be a positive number of GPUs"), (-1, "must be a positive number of GPUs"),
+])
+def test_tensor_parallel_size_other_than_1_is_refused(tp, message):
+    refusals = config_refusals(EngineConfig(model=ModelConfig(device="cpu"), parallel=ParallelConfig(tp)))
+    assert len(refusals) == 1 and refusals[0].startswith(f"--tensor-parallel-size {tp}: {message}")
+    assert config_refusals(EngineConfig(model=ModelConfig(device="cpu"), parallel=ParallelConfig(1))) == []
+
+
+@pytest.mark.parametrize("value,why", [("fp8", "does not implement yet"), ("fp8_e5m2", "does not implement yet"),
+                                       ("bfloat16", "does not implement yet"), ("int3", "not a KV cache dtype")])
+def test_kv_cache_dtype_other_than_auto_is_refused(value, why):
+    refusals = config_refusals(EngineConfig(model=ModelConfig(device="cpu"), cache=CacheConfig(kv_cache_dtype=value)))
+    assert len(refusals) == 1 and refusals[0].startswith(f"--kv-cache-dtype {value}: ") and why in refusals[0]
+    assert "ladle offers auto" in refusals[0]
+
+
+def test_no_language_model_only_is_refused():
+    refusals = config_refusals(EngineConfig(model=ModelConfig(device="cpu", language_model_only=False)))
+    assert refusals and refusals[0].startswith("--no-language-model-only: ladle has no vision or audio encoder")
+
+
+def test_every_config_refusal_at_once():
+    cfg = EngineConfig(model=ModelConfig(device="cpu", dtype="int7"), cache=CacheConfig(kv_cache_dtype="fp8"),
+                       parallel=ParallelConfig(8), runner=RunnerConfig(attention_backend="FLASH_ATTN",
+                                                                       moe_backend="marlin"))
+    refusals = config_refusals(cfg)
+    assert [r.split(" ", 1)[0] for r in refusals] == ["unsupported", "--kv-cache-dtype", "--tensor-parallel-size",
+                                                      "--attention-backend", "--moe-backend"]
+    with pytest.raises(ConfigError) as e:
+        resolve_engine_config(cfg, {"max_position_embeddings": 64})
+    assert e.value.refusals == refusals and str(e.value).startswith("5 settings of this command line are refused")
+
+
+def test_unsupported_flag_values_are_skipped_by_arity(capsys):
+    refusals, args = collect_refusals(serve_parser(), [
+        "--swap-space", "4", "model-dir", "--cudagraph-capture-sizes", "1", "2", "4", "--max-num-seqs", "8",
+        "--headless", "--enable-lora", "--data-parallel-size=2", "--seed", "3"])
+    assert [r.split(" (")[0] for r in refusals] == [
+        "not supported yet: --swap-space", "not supported yet: --cudagraph-capture-sizes",
+        "not supported yet: --headless", "not supported yet: --enable-lora", "not supported yet: --data-parallel-size"]
+    engine, _ = configs_from_args(args)
+    assert engine.model.model == "model-dir" and engine.scheduler.max_num_seqs == 8 and engine.model.seed == 3
+
+
+def test_refused_flags_and_a_bad_value_in_one_message(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_serve_args(serve_parser(), ["--enable-lora", "--port", "eighty"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "not supported yet: --enable-lora" in err and "invalid int value" in err
+
+
+def test_flag_list_is_a_current_vllm():
+    assert vllm_flags_version().startswith("vLLM 0.33.0")
+    flags = load_vllm_flags()
+    for name in ("--moe-backend", "--attention-backend", "--language-model-only", "--disable-prefix-caching",
+                 "--no-enable-prefix-caching", "--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice",
+                 "-tp", "-O", "--swap-space"):  # --swap-space: removed from vLLM, still refused by name
+        assert name in flags, name
+    assert flags["--disable-prefix-caching"] == "--enable-prefix-caching"
+
+
+def test_hub_id_is_refused_with_the_download_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError) as e:
+        resolve_model_path("MiniMaxAI/MiniMax-M3")
+    assert "huggingface-cli download MiniMaxAI/MiniMax-M3" in str(e.value) and "local paths" in str(e.value)
+    assert resolve_model_path(None) is None and resolve_model_path("/abs/missing") == "/abs/missing"
+    local = tmp_path / "owner" / "name"
+    local.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_path("owner/name") == "owner/name"  # an existing relative path wins over a hub id
+
+
+def test_hub_id_found_in_the_hf_cache(tmp_path, monkeypatch):
+    repo = tmp_path / "hub" / "models--MiniMaxAI--MiniMax-M3"
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve_model_path("MiniMaxAI/MiniMax-M3") == str(snap)
+
+
+def test_hub_id_subprocess(tmp_path):
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "ladle", "serve", "MiniMaxAI/MiniMax-M3", "--port", "1"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "ladle serve: error: MiniMaxAI/MiniMax-M3 is a Hugging Face hub id" in r.stderr
+    assert "huggingface-cli download MiniMaxAI/MiniMax-M3 --local-dir ./MiniMax-M3" in r.stderr
