@@ -70,12 +70,20 @@ def configs_or_refusal(parser: argparse.ArgumentParser,
         _resolve_model(args)
         engine_config, server_config = configs_from_args(args)
         preflight = _lazy("ladle.engine.engine_factory", "preflight_refusals", "the engine")
+        refusals += _server_refusals(server_config)
         if refusals or preflight(engine_config, with_model=False):
             refusals += preflight(engine_config, with_model=True)
     if refusals:
         print(f"{parser.prog}: error: {format_refusals(refusals)}", file=sys.stderr)
         sys.exit(2 if flag_refused else 1)
     return engine_config, server_config, args
+
+
+def _server_refusals(server_config: ServerConfig) -> list[str]:
+    """The serving flags' refusals (unknown parser names), checked before anything loads."""
+    refusals = _lazy("ladle.server.parsers", "parser_flag_refusals", "the chat output parsers")
+    return refusals(server_config.tool_call_parser, server_config.reasoning_parser,
+                    server_config.enable_auto_tool_choice)
 
 
 def raise_open_files_limit(wanted: int = 65536, warn_below: int = 8192) -> None:

@@ -210,9 +210,7 @@ NO_OP_VLLM_FLAGS = {
     "--enable-chunked-prefill": "chunked prefill is always on in ladle",
     "--no-enable-chunked-prefill": None,  # turning it off is a real change: reported as not supported
     "--disable-log-requests": "ladle does not log request contents",
-    "--disable-log-stats": "ladle logs no periodic stats",
     "--trust-remote-code": "ladle never runs model repository code (configs are parsed as plain JSON)",
-    "--disable-uvicorn-access-log": "accepted; access logs follow --uvicorn-log-level",
 }
 
 
@@ -231,11 +229,6 @@ def strip_no_op_flags(argv: list[str]) -> list[str]:
 
 # What ladle offers instead of a vLLM flag it does not implement (the rest get the generic sentence).
 INSTEAD = {
-    "--tool-call-parser": "not wired into `ladle serve` yet: the minimax_m3, hermes and llama3_json parsers are "
-                          "being connected; leave it out for now",
-    "--reasoning-parser": "not wired into `ladle serve` yet: the minimax_m3 parser is being connected; leave it "
-                          "out for now",
-    "--enable-auto-tool-choice": "not wired into `ladle serve` yet: it comes with --tool-call-parser; leave it out",
     "--quantization": "ladle loads bf16/fp16/fp32 safetensors, MXFP8 checkpoints (dequantised at load) and GGUF "
                       "files as they are; leave it out",
     "--pipeline-parallel-size": "ladle runs a model on 1 GPU",

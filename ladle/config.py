@@ -129,6 +129,19 @@ class ServerConfig:
     max_n: int = _f(128, "--max-n", "largest `n` (choices per prompt) a request may ask for")
     max_stop_strings: int = _f(64, "--max-stop-strings", "most entries in `stop` (and in `stop_token_ids`)")
     max_stop_string_chars: int = _f(1024, "--max-stop-string-chars", "longest stop string, in characters")
+    tool_call_parser: Optional[str] = _f(
+        None, "--tool-call-parser", "parse the model's tool calls into `message.tool_calls`: minimax_m3, hermes, "
+        "llama3_json (needed for `tool_choice` other than none)")
+    reasoning_parser: Optional[str] = _f(
+        None, "--reasoning-parser", "split the model's reasoning into `message.reasoning_content`: minimax_m3")
+    enable_auto_tool_choice: bool = _f(
+        False, "--enable-auto-tool-choice", "let the model decide when to call tools (`tool_choice: auto`, the "
+        "default when a request has `tools`); needs --tool-call-parser")
+    disable_log_stats: bool = _f(False, "--disable-log-stats",
+                                 "do not log the periodic stats line (throughput, queue, KV usage) while serving")
+    log_stats_interval: float = 10.0  # seconds between stats lines (vLLM's VLLM_LOG_STATS_INTERVAL default)
+    disable_uvicorn_access_log: bool = _f(False, "--disable-uvicorn-access-log",
+                                          "do not log one line per HTTP request (uvicorn's access log)")
 
 
 @dataclass(frozen=True)

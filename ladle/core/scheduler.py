@@ -17,6 +17,7 @@ cache and frees finished requests' blocks in the same step. Never imports torch.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ from ladle.core.outputs import (
 from ladle.core.request import Request, RequestStatus
 
 
+# Upper edges (tokens) of the per-step token histogram: vLLM's `vllm:iteration_tokens_total` buckets in eager mode
+# (vllm/v1/metrics/loggers.py, build_cudagraph_buckets), with 16384 added for large --max-num-batched-tokens.
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
 @dataclass
 class SchedulerStats:
     """Snapshot for /metrics (vLLM meanings). Counters are totals since start; token counts in tokens.
@@ -44,6 +50,9 @@ class SchedulerStats:
     kv_cache_usage: fraction of usable blocks referenced by requests (cached-but-free blocks count as free).
     prompt_tokens_total: prompt tokens of requests at their first scheduling (cached ones included).
     prefix_cache_queries_total / hits_total: prompt tokens looked up in / served from the prefix cache.
+    iteration_tokens_counts: per bucket of ITERATION_TOKEN_BUCKETS (then one for larger), the number of steps that
+    scheduled that many tokens (at most the bucket's edge, more than the previous one); steps with none are not
+    counted. iteration_tokens_sum: their tokens. /metrics exports them as vLLM's `vllm:iteration_tokens_total`.
     """
 
     num_running: int = 0
@@ -56,6 +65,8 @@ class SchedulerStats:
     num_preemptions_total: int = 0
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
+    iteration_tokens_counts: tuple = (0,) * (len(ITERATION_TOKEN_BUCKETS) + 1)
+    iteration_tokens_sum: int = 0
 
 
 class Scheduler:
@@ -142,7 +153,16 @@ class Scheduler:
             i += 1
         if not out.preempted_request_ids:
             self._schedule_waiting(budget, out)
+        if out.chunks:
+            self._count_iteration(out.num_scheduled_tokens)
         return out
+
+    def _count_iteration(self, num_tokens: int) -> None:
+        s = self._stats
+        counts = list(s.iteration_tokens_counts)
+        counts[bisect.bisect_left(ITERATION_TOKEN_BUCKETS, num_tokens)] += 1
+        s.iteration_tokens_counts = tuple(counts)
+        s.iteration_tokens_sum += num_tokens
 
     def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
         """Allocate for `request`, preempting from the end of `running` until it fits. False when
@@ -342,4 +362,6 @@ class Scheduler:
             num_preemptions_total=s.num_preemptions_total,
             prefix_cache_queries_total=s.prefix_cache_queries_total,
             prefix_cache_hits_total=s.prefix_cache_hits_total,
+            iteration_tokens_counts=s.iteration_tokens_counts,
+            iteration_tokens_sum=s.iteration_tokens_sum,
         )

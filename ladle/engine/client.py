@@ -73,6 +73,8 @@ class EngineStats:
     prefix_cache_queries_total: int = 0  # prompt tokens looked up
     prefix_cache_hits_total: int = 0  # of those, tokens hit
     request_success_total: dict = field(default_factory=dict)  # finish_reason -> count
+    iteration_tokens_counts: tuple = ()  # steps per bucket of core.scheduler.ITERATION_TOKEN_BUCKETS (+ one above)
+    iteration_tokens_sum: int = 0  # tokens of those steps
 
 
 class EngineError(RuntimeError):

@@ -157,7 +157,10 @@ class OutputProcessor:
         finish_reason, stop_reason = out.finish_reason, out.stop_reason
         text_delta = ""
         if choice.detokenizer is not None:
-            text_delta = choice.detokenizer.update(out.new_token_ids, finished=finish_reason is not None)
+            text_ids = out.new_token_ids
+            if finish_reason == FINISH_STOP and text_ids and not choice.detokenizer.include_stop:
+                text_ids = text_ids[:-1]  # the EOS / stop token id that ended the output is not text (as vLLM)
+            text_delta = choice.detokenizer.update(text_ids, finished=finish_reason is not None)
             if choice.detokenizer.stop_reason is not None and finish_reason is None:
                 finish_reason, stop_reason = FINISH_STOP, choice.detokenizer.stop_reason
                 child = child_request_id(parent.request_id, choice.index, len(parent.choices))

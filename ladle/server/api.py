@@ -1,7 +1,9 @@
 """The FastAPI app (`build_app`) and the uvicorn runner (`run_server`).
 
 Routes: /v1/completions, /v1/chat/completions, /v1/models, /health (503 once the engine loop is dead),
-/version, /tokenize, /detokenize, /metrics, /debug/dispatch.
+/version, /tokenize, /detokenize, /metrics, /debug/dispatch. While serving, a stats line is logged every
+`log_stats_interval` seconds (stats_log.py; `--disable-log-stats` turns it off); `--disable-uvicorn-access-log`
+turns uvicorn's per-request access log off.
 A pure ASGI middleware (not BaseHTTPMiddleware, which would hide client disconnects from the handlers)
 enforces `--api-key` on /v1/*, refuses a body over `--max-request-body-bytes` (413) before anything parses it,
 turns an exception no handler caught into a 500 body (so the keep-alive connection survives: Starlette's own
@@ -36,6 +38,7 @@ from ladle.server.protocol import (ChatCompletionRequest, CompletionRequest, Det
 from ladle.server.serving_chat import ChatHandler, chat_prompt_ids
 from ladle.server.serving_common import ServingContext, prepare
 from ladle.server.serving_completions import CompletionHandler
+from ladle.server.stats_log import StatsLogger
 from ladle.server.validation import check_model_fields
 
 logger = logging.getLogger("ladle.server")
@@ -161,13 +164,18 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
     engine_config = getattr(engine, "engine_config", None)
     model_cfg = getattr(engine_config, "model", None)
     extra = (getattr(model_cfg, "served_model_name", None), getattr(model_cfg, "model", None))
-    metrics = ServerMetrics(engine.get_stats, engine.model_name)
+    metrics = ServerMetrics(engine.get_stats, engine.model_name, int(engine.max_model_len))
     ctx = ServingContext(engine, metrics, extra_model_names=tuple(n for n in extra if n), limits=server_config)
     completions, chat = CompletionHandler(ctx), ChatHandler(ctx)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        stats_task = None
+        if not server_config.disable_log_stats:
+            stats_task = asyncio.ensure_future(StatsLogger(engine.get_stats, server_config.log_stats_interval).run())
         yield
+        if stats_task is not None:
+            stats_task.cancel()
         logger.info("shutting down the engine")
         with contextlib.suppress(Exception):
             await engine.shutdown()
@@ -268,13 +276,19 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         return 1
     app = build_app(engine, server_config)
     logger.info("serving %s on http://%s:%d", engine.model_name, server_config.host, server_config.port)
-    config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
-                            log_level=server_config.log_level, timeout_graceful_shutdown=5, lifespan="on")
+    config = uvicorn_config(app, server_config)
     # uvicorn shuts down gracefully on SIGTERM (lifespan -> engine.shutdown()) and then re-raises the signal
     # under the handler that was installed before it started: make that one a clean exit (status 0).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     EngineStoppingServer(config, engine).run(sockets=[sock])
     return 0
+
+
+def uvicorn_config(app: FastAPI, server_config: ServerConfig) -> uvicorn.Config:
+    """uvicorn's settings from the server flags (`--disable-uvicorn-access-log`: uvicorn's access_log=False)."""
+    return uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level=server_config.log_level,
+                          timeout_graceful_shutdown=5, lifespan="on",
+                          access_log=not server_config.disable_uvicorn_access_log)
 
 
 class EngineStoppingServer(uvicorn.Server):

@@ -7,7 +7,13 @@ request (`RequestTimer`). Names and meanings: vllm/v1/metrics/loggers.py (Promet
   vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:num_preemptions_total,
   vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total (counters, tokens), vllm:request_success_total,
   vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds, vllm:request_time_per_output_token_seconds,
-  vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds (histograms, seconds).
+  vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds (histograms, seconds),
+  vllm:request_prompt_tokens, vllm:request_generation_tokens (histograms per finished choice, tokens; vLLM
+  observes each of a request's n choices, which are separate engine requests there too),
+  vllm:iteration_tokens_total (histogram: tokens scheduled per engine step).
+`vllm:request_success_total` has a series for every engine finish reason (stop, length, abort, error) from the
+first scrape, zero until it happens, as vLLM pre-creates one per FinishReason. ("tool_calls" is a chat-level
+reinterpretation of "stop", not an engine finish reason, so it has no series, as in vLLM.)
 ladle's own series use the `ladle:` prefix (ladle:num_free_blocks, ladle:num_total_blocks).
 Each registry is per app (tests build several apps in one process).
 """
@@ -18,8 +24,10 @@ import time
 from typing import Callable, Iterable, Optional
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from ladle.core.scheduler import ITERATION_TOKEN_BUCKETS
 from ladle.engine.client import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -29,6 +37,21 @@ TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                40.0, 80.0]
+FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR)
+
+
+def token_buckets(max_model_len: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_model_len` (vLLM's build_1_2_5_buckets for the per-request token
+    histograms)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return out
+            out.append(float(m * scale))
+        scale *= 10
+
+
 REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0]
 
@@ -66,18 +89,34 @@ class _EngineCollector:
                       s.prefix_cache_hits_total)
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=labels + ["finished_reason"])
-        for reason, count in sorted((s.request_success_total or {}).items()):
+        counts = dict.fromkeys(FINISH_REASONS, 0)
+        counts.update(s.request_success_total or {})
+        for reason, count in sorted(counts.items()):
             success.add_metric(values + [str(reason)], count)
         yield success
+        yield self._iteration_tokens(s, labels, values)
         yield gauge("ladle:num_free_blocks", "KV blocks free for allocation (includes evictable cached blocks).",
                     s.num_free_blocks)
         yield gauge("ladle:num_total_blocks", "KV blocks in the pool (excluding the null block).", s.num_total_blocks)
 
 
-class ServerMetrics:
-    """The per-app registry: the engine collector plus request-latency histograms."""
+    @staticmethod
+    def _iteration_tokens(s: EngineStats, labels: list[str], values: list[str]) -> HistogramMetricFamily:
+        counts = list(s.iteration_tokens_counts) or [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
+        cumulative, buckets = 0, []
+        for edge, count in zip(list(ITERATION_TOKEN_BUCKETS) + ["+Inf"], counts):
+            cumulative += count
+            buckets.append((str(float(edge)) if edge != "+Inf" else edge, cumulative))
+        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                  labels=labels)
+        h.add_metric(values, buckets, sum_value=s.iteration_tokens_sum)
+        return h
 
-    def __init__(self, get_stats: Callable[[], EngineStats], model_name: str):
+
+class ServerMetrics:
+    """The per-app registry: the engine collector plus request-latency and request-size histograms."""
+
+    def __init__(self, get_stats: Callable[[], EngineStats], model_name: str, max_model_len: int = 1 << 20):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(get_stats, model_name))  # type: ignore[arg-type]
         labels = ["model_name", "engine"]
@@ -96,6 +135,10 @@ class ServerMetrics:
                         REQUEST_BUCKETS)
         self.queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
                           REQUEST_BUCKETS)
+        self.prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                  token_buckets(max_model_len))
+        self.generation_tokens = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                                      token_buckets(max_model_len))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -131,9 +174,14 @@ class RequestTimer:
         self.last_token = now
         self.num_tokens += num_new
 
-    def finish(self) -> None:
+    def finish(self, num_prompt_tokens: int = 0, num_generation_tokens: Iterable[int] = ()) -> None:
+        """The request ended: latencies, and the token histograms (`num_generation_tokens`: one count per
+        choice)."""
         if self.metrics is None:
             return
+        for num in num_generation_tokens:
+            self.metrics.prompt_tokens.observe(num_prompt_tokens)
+            self.metrics.generation_tokens.observe(num)
         now = time.monotonic()
         self.metrics.e2e.observe(now - self.arrival)
         if self.queue_time is not None:

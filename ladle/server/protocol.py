@@ -4,7 +4,11 @@ Field names and meanings follow the OpenAI API and vLLM's extensions (vllm/entry
 `ignore_eos`, `min_tokens`, `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `skip_special_tokens`,
 `include_stop_str_in_output`, `chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`.
 Unknown request fields are ignored (as vLLM does); wrong types fail validation (HTTP 400).
-Reserved for later parsers: request `chat_template_kwargs`, response `reasoning_content` / `tool_calls`.
+Response shapes follow OpenAI's published schema (github.com/openai/openai-openapi, openapi.yaml:
+CreateChatCompletionResponse, ChatCompletionResponseMessage, CreateChatCompletionStreamResponse,
+CreateCompletionResponse): required-but-nullable fields are always present (`message.refusal`, `choices[].logprobs`,
+`logprobs.refusal`); `system_fingerprint` (a string where present) is left out, ladle has none to give.
+`reasoning_content` and `stop_reason` are vLLM's additions.
 """
 
 from __future__ import annotations
@@ -123,7 +127,6 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionResponseChoice]
     usage: UsageInfo
-    system_fingerprint: Optional[str] = None
 
 
 class CompletionStreamChoice(BaseModel):
@@ -181,11 +184,13 @@ class ChatLogprobToken(TopLogprob):
 
 class ChatChoiceLogprobs(BaseModel):
     content: Optional[list[ChatLogprobToken]] = None
+    refusal: Optional[list[ChatLogprobToken]] = None  # required (nullable) in OpenAI's schema; ladle never refuses
 
 
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    refusal: Optional[str] = None  # required (nullable) in OpenAI's schema
     reasoning_content: Optional[str] = None
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -205,7 +210,6 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
-    system_fingerprint: Optional[str] = None
 
 
 class DeltaMessage(BaseModel):

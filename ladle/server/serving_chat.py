@@ -2,7 +2,9 @@
 
 Stream shape (OpenAI): per choice a first chunk with delta {"role": "assistant", "content": ""}, then content
 deltas, the last one carrying finish_reason; with stream_options.include_usage one more chunk with empty
-choices and the usage; then `data: [DONE]`.
+choices and the usage; then `data: [DONE]`. With `--reasoning-parser` / `--tool-call-parser` (chat_output.py) the
+deltas carry `reasoning_content` and OpenAI-shaped `tool_calls` too, and the message `reasoning_content` /
+`tool_calls`.
 `max_tokens` / `max_completion_tokens` (the newer name wins); omitted = everything the context has left.
 """
 
@@ -18,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ladle.core.outputs import TokenLogprobs
 from ladle.engine.tokenizer import apply_chat_template
+from ladle.server.chat_output import ChatOutputs
 from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
 from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
@@ -105,7 +108,7 @@ class ChatHandler:
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
 
-    def _build_run(self, req: ChatCompletionRequest) -> tuple[PromptRun, bool]:
+    def _build_run(self, req: ChatCompletionRequest) -> tuple[PromptRun, bool, ChatOutputs]:
         """Validate, template, tokenize, make the SamplingParams (runs on the preparation pool, off the loop)."""
         ctx = self.ctx
         check_sampling_fields(req, ctx.limits, ctx.vocab_size)
@@ -115,36 +118,36 @@ class ChatHandler:
         check_int_range(req.top_logprobs, 0, ctx.limits.max_logprobs, "top_logprobs", " (--max-logprobs)")
         if req.response_format and req.response_format.get("type", "text") != "text":
             raise OpenAIError("not supported yet: response_format other than text", 400, "response_format")
-        if req.tool_choice not in (None, "none", "auto"):  # forcing a call needs a tool-call parser
-            raise OpenAIError("not supported yet: tool_choice other than \"none\" or \"auto\" (ladle has no "
-                              "tool-call parser yet, so it cannot guarantee a call)", 400, "tool_choice")
+        outputs = ChatOutputs(ctx.limits, req)
         prompt_ids = chat_prompt_ids(ctx.tokenizer, req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt_ids), ctx.max_model_len, None)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = make_sampling_params(req, max(max_tokens, 1), top, scoring_only=max_tokens == 0)
+        params = make_sampling_params(req, max(max_tokens, 1), top, scoring_only=max_tokens == 0,
+                                      skip_special_tokens=False if outputs.active else None)
         run = PromptRun(index=0, prompt_ids=prompt_ids, prompt_text="", params=params,
                         timer=RequestTimer(ctx.metrics))
-        return run, max_tokens == 0
+        return run, max_tokens == 0, outputs
 
     async def handle(self, req: ChatCompletionRequest, raw: Request) -> Response:
-        run, zero = await prepare(self.ctx, self._build_run, req)
+        run, zero, outputs = await prepare(self.ctx, self._build_run, req)
         runs = [run]
         if zero:  # max_tokens 0: nothing to generate
-            response = self._response(req, run, zero=True)
+            response = self._response(req, run, outputs, zero=True)
             if req.stream:
                 return StreamingResponse(self._replay(req, response), media_type="text/event-stream")
             return JSONResponse(response.model_dump())
         if req.stream:
-            return await stream_runs(self.ctx, raw, runs, lambda: self._stream(req, run))
+            return await stream_runs(self.ctx, raw, runs, lambda: self._stream(req, run, outputs))
         try:
             await collect_runs(self.ctx, raw, runs)
         except ClientDisconnected:
             return Response(status_code=499)
-        return JSONResponse(self._response(req, run).model_dump())
+        return JSONResponse(self._response(req, run, outputs).model_dump())
 
     # ------------------------------------------------------------------------------------ non-streaming
-    def _response(self, req: ChatCompletionRequest, run: PromptRun, zero: bool = False) -> ChatCompletionResponse:
+    def _response(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs,
+                  zero: bool = False) -> ChatCompletionResponse:
         choices = []
         for i in range(req.n):
             c = run.choices.get(i)
@@ -157,8 +160,8 @@ class ChatHandler:
                 logprobs = ChatChoiceLogprobs(content=_chat_logprobs(self.ctx, c.token_ids, c.logprobs,
                                                                      req.top_logprobs or 0))
             choices.append(ChatCompletionResponseChoice(
-                index=i, message=ChatResponseMessage(content=c.text), logprobs=logprobs,
-                finish_reason=c.finish_reason,
+                index=i, message=ChatResponseMessage(**outputs.message(i, c.text)), logprobs=logprobs,
+                finish_reason=outputs.finish_reason(i, c.finish_reason),
                 stop_reason=stop_reason_or_none(c.stop_reason)))
         usage = make_usage([run])
         return ChatCompletionResponse(id=random_id("chatcmpl"), model=self.ctx.model_name, choices=choices,
@@ -177,7 +180,7 @@ class ChatHandler:
         yield SSE_DONE
 
     # ------------------------------------------------------------------------------------ streaming
-    async def _stream(self, req: ChatCompletionRequest, run: PromptRun) -> AsyncIterator[str]:
+    async def _stream(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs) -> AsyncIterator[str]:
         ctx, rid = self.ctx, random_id("chatcmpl")
 
         def chunk(choice: ChatCompletionStreamChoice) -> str:
@@ -198,12 +201,19 @@ class ChatHandler:
                     if req.logprobs:
                         logprobs = ChatChoiceLogprobs(content=_chat_logprobs(ctx, c.token_ids_delta, c.logprobs_delta,
                                                                              req.top_logprobs or 0))
-                    if not c.text_delta and not c.finish_reason and not (logprobs and logprobs.content):
+                    bodies = outputs.feed(c.index, c.text_delta, final=c.finish_reason is not None)
+                    bodies = [b for b in bodies if b.get("content") != ""] or [{}]
+                    if bodies == [{}] and not c.finish_reason and not (logprobs and logprobs.content):
                         continue
-                    yield chunk(ChatCompletionStreamChoice(
-                        index=c.index, delta=DeltaMessage(content=c.text_delta), logprobs=logprobs,
-                        finish_reason=c.finish_reason,
-                        stop_reason=stop_reason_or_none(c.stop_reason)))
+                    if not outputs.active and bodies == [{}]:
+                        bodies = [{"content": ""}]  # without parsers every chunk carries `content`, as before
+                    finish = outputs.finish_reason(c.index, c.finish_reason)
+                    for k, body in enumerate(bodies):
+                        last = k == len(bodies) - 1
+                        yield chunk(ChatCompletionStreamChoice(
+                            index=c.index, delta=DeltaMessage(**body), logprobs=logprobs if k == 0 else None,
+                            finish_reason=finish if last else None,
+                            stop_reason=stop_reason_or_none(c.stop_reason) if last else None))
 
         async for text in sse_body(ctx, [run], chunks(), usage_chunk):
             yield text

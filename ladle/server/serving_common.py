@@ -123,10 +123,13 @@ def resolve_max_tokens(requested: Optional[int], num_prompt_tokens: int, max_mod
 
 
 def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
-                         prompt_logprobs: Optional[int] = None, scoring_only: bool = False) -> SamplingParams:
+                         prompt_logprobs: Optional[int] = None, scoring_only: bool = False,
+                         skip_special_tokens: Optional[bool] = None) -> SamplingParams:
     """SamplingParams from the request's OpenAI/vLLM fields; ValueError becomes a 400.
 
     scoring_only: the request asked for max_tokens 0 and runs one discarded token (min_tokens ignored).
+    skip_special_tokens: overrides the request's field (False when an output parser needs the special-token
+    markers); None keeps the request's.
     """
     if req.logit_bias:
         raise OpenAIError("not supported yet: logit_bias", 400, "logit_bias")
@@ -149,7 +152,7 @@ def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=req.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
         )
     except ValueError as e:  # SamplingParams' messages start with the field's name
@@ -186,7 +189,7 @@ class PromptRun:
         self.timer.on_tokens(num_new, out.queue_time)
         if out.finished:
             self.finished = True
-            self.timer.finish()
+            self.timer.finish(len(self.prompt_ids), [len(c.token_ids) for c in self.choices.values()])
 
 
 async def _until_disconnected(raw: Request) -> None:

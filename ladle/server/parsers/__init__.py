@@ -52,7 +52,25 @@ def make_chat_output_parser(reasoning_parser: Optional[str], tool_parser: Option
     return ChatOutputParser(reasoning, calls)
 
 
+def parser_flag_refusals(tool_call_parser: Optional[str], reasoning_parser: Optional[str],
+                         enable_auto_tool_choice: bool) -> list[str]:
+    """The refusals (one line each, naming the flag, the value and what ladle has) of the parser flags of
+    `ladle serve`; [] when they are usable. Checked before the model loads."""
+    refusals = []
+    if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+        refusals.append(f"--tool-call-parser {tool_call_parser}: unknown tool-call parser; ladle has "
+                        f"{', '.join(sorted(TOOL_PARSERS))}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        refusals.append(f"--reasoning-parser {reasoning_parser}: unknown reasoning parser; ladle has "
+                        f"{', '.join(sorted(REASONING_PARSERS))}")
+    if enable_auto_tool_choice and tool_call_parser is None:
+        refusals.append("--enable-auto-tool-choice: needs --tool-call-parser (one of "
+                        f"{', '.join(sorted(TOOL_PARSERS))})")
+    return refusals
+
+
 __all__ = [
+    "parser_flag_refusals",
     "REASONING_PARSERS", "TOOL_PARSERS", "get_reasoning_parser", "get_tool_parser", "make_chat_output_parser",
     "ChatOutputParser", "ReasoningParser", "MiniMaxM3ReasoningParser", "ToolCallParser", "MiniMaxM3ToolParser",
     "HermesToolParser", "Llama3JsonToolParser", "assemble_deltas", "make_tool_call_id",
