@@ -35,12 +35,13 @@ def m3_tiny(tmp_path_factory):
 
 def test_recipe_line_on_tiny_m3_is_one_message(m3_tiny):
     r = _ladle("serve", m3_tiny, *RECIPE, "--port", "1")
-    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    # the parser flags are implemented: only values are refused now (exit status 1)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
     assert r.stderr.count("error:") == 1 and "usage:" not in r.stderr
-    assert r.stderr.startswith("ladle serve: error: 8 settings of this command line are refused")
+    assert r.stderr.startswith("ladle serve: error: 5 settings of this command line are refused")
+    assert "parser" not in r.stderr and "auto-tool-choice" not in r.stderr
     lines = [line.strip() for line in r.stderr.splitlines()[1:]]
-    expected = ["not supported yet: --tool-call-parser", "not supported yet: --reasoning-parser",
-                "not supported yet: --enable-auto-tool-choice", "--kv-cache-dtype fp8:", "--max-model-len 10240",
+    expected = ["--kv-cache-dtype fp8:", "--max-model-len 10240",
                 "--block-size 128", "--tensor-parallel-size 4:", "--moe-backend aiter:"]
     assert len(lines) == len(expected)
     for prefix in expected:
@@ -55,8 +56,12 @@ def test_recipe_line_on_tiny_m3_is_one_message(m3_tiny):
 def test_recipe_flags_ladle_implements_parse():
     args = parse_serve_args(serve_parser(), ["m", "--block-size", "128", "--no-enable-prefix-caching",
                                              "--language-model-only", "--max-model-len", "10240",
-                                             "--max-num-batched-tokens", "32768", "--attention-backend", "TRITON_ATTN"])
-    engine, _ = configs_from_args(args)
+                                             "--max-num-batched-tokens", "32768", "--attention-backend", "TRITON_ATTN",
+                                             "--tool-call-parser", "minimax_m3", "--reasoning-parser", "minimax_m3",
+                                             "--enable-auto-tool-choice"])
+    engine, server = configs_from_args(args)
+    assert (server.tool_call_parser, server.reasoning_parser, server.enable_auto_tool_choice) == (
+        "minimax_m3", "minimax_m3", True)
     assert engine.cache.block_size == 128 and engine.cache.enable_prefix_caching is False
     assert engine.model.language_model_only is True and engine.model.max_model_len == 10240
     assert engine.scheduler.max_num_batched_tokens == 32768 and engine.runner.attention_backend == "TRITON_ATTN"
@@ -165,3 +170,31 @@ def test_hub_id_subprocess(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "ladle serve: error: MiniMaxAI/MiniMax-M3 is a Hugging Face hub id" in r.stderr
     assert "huggingface-cli download MiniMaxAI/MiniMax-M3 --local-dir ./MiniMax-M3" in r.stderr
+
+
+def test_unknown_parser_names_are_refused_before_loading():
+    r = _ladle("serve", "/nonexistent/model", "--tool-call-parser", "mistral", "--reasoning-parser", "deepseek_r1",
+               "--port", "1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("error:") == 1
+    assert "--tool-call-parser mistral: unknown tool-call parser; ladle has hermes, llama3_json, minimax_m3" in r.stderr
+    assert "--reasoning-parser deepseek_r1: unknown reasoning parser; ladle has minimax_m3" in r.stderr
+
+
+def test_auto_tool_choice_without_a_parser_is_refused():
+    from ladle.server.parsers import parser_flag_refusals
+
+    assert parser_flag_refusals(None, None, True) == [
+        "--enable-auto-tool-choice: needs --tool-call-parser (one of hermes, llama3_json, minimax_m3)"]
+    assert parser_flag_refusals("hermes", "minimax_m3", True) == []
+
+
+@pytest.mark.parametrize("argv,stats_off,access_off", [
+    ([], False, False), (["--disable-log-stats"], True, False), (["--disable-uvicorn-access-log"], False, True),
+    (["--disable-uvicorn-access-log", "--enable-uvicorn-access-log"], False, False),
+])
+def test_log_flags_are_real_settings(argv, stats_off, access_off):
+    from ladle.server.api import uvicorn_config
+
+    _, server = configs_from_args(parse_serve_args(serve_parser(), argv))
+    assert server.disable_log_stats is stats_off and server.disable_uvicorn_access_log is access_off
+    assert uvicorn_config(None, server).access_log is (not access_off)

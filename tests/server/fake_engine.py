@@ -1,6 +1,7 @@
 """A fake EngineClient (and a byte-level tokenizer) for fast server tests without a model.
 
 The "model" writes a fixed script (greedy) or words drawn from random.Random(seed + choice) (temperature > 0),
+or, when a test sets `FakeEngineClient.script`, exactly that text and then stops (finish_reason "stop"),
 one UTF-8 byte per token, so multi-byte characters always span several tokens. Text deltas are released only at
 UTF-8 character boundaries and stop strings are held back while they may still match, as the real engine's
 detokenizer must. Blocks are accounted per request (ceil(tokens / block_size)) so /metrics shows leaks.
@@ -75,6 +76,7 @@ class FakeTokenizer:
 
     def apply_chat_template(self, messages: list[dict], tokenize: bool = False, add_generation_prompt: bool = True,
                             **kwargs) -> str:
+        self.last_template_kwargs = kwargs  # tests read what reached the template (tools, chat_template_kwargs)
         text = "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -90,9 +92,12 @@ def _utf8_complete(data: bytes) -> int:
 
 
 class _Choice:
-    def __init__(self, index: int, params: SamplingParams, prompt_len: int):
+    def __init__(self, index: int, params: SamplingParams, prompt_len: int, script: Optional[str] = None):
         self.index, self.params = index, params
-        if params.temperature == 0:
+        self.scripted = script is not None
+        if script is not None:
+            source = script.encode()
+        elif params.temperature == 0:
             source = SCRIPT.encode()
         else:
             rng = random.Random(None if params.seed is None else params.seed + index)
@@ -114,7 +119,9 @@ class _Choice:
         self.logprobs.append(entry)
         data = bytes(self.token_ids)
         text = data[:_utf8_complete(data)].decode()
-        if len(self.token_ids) >= (p.max_tokens or 1):
+        if self.scripted and len(self.token_ids) >= len(self.source):
+            self.finish_reason = "stop"  # the scripted output ends as at an EOS token
+        elif len(self.token_ids) >= (p.max_tokens or 1):
             self.finish_reason = "length"
             text = data.decode(errors="replace")
         hold = 0
@@ -154,6 +161,8 @@ class FakeEngineClient(EngineClient):
         self.healthy = True
         self.fail_after: Optional[int] = None  # tokens after which a step "raises" (finish_reason error)
         self.reject_message: Optional[str] = None  # raise RequestRejected(message) at admission
+        self.script: Optional[str] = None  # the exact output of every choice (then finish_reason "stop")
+        self.last_params: Optional[SamplingParams] = None
         self.stats = EngineStats(num_total_blocks=num_blocks)
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -168,7 +177,8 @@ class FakeEngineClient(EngineClient):
         rid = request_id or "cmpl-fake"
         assert rid not in self.running, f"duplicate internal request id {rid}"
         self.seen_ids.append(rid)
-        choices = [_Choice(i, p, len(prompt_token_ids)) for i in range(p.n)]
+        self.last_params = p
+        choices = [_Choice(i, p, len(prompt_token_ids), self.script) for i in range(p.n)]
         self.stats.prompt_tokens_total += len(prompt_token_ids)
         prompt_lps = None
         if p.prompt_logprobs is not None:
