@@ -33,6 +33,7 @@ from ladle.config import EngineConfig, ServerConfig, env_flag
 from ladle.engine.client import EngineClient
 from ladle.server.errors import OpenAIError, error_body, error_json, install_error_handlers
 from ladle.server.metrics import CONTENT_TYPE, ServerMetrics
+from ladle.server.parsers import parser_flag_refusals
 from ladle.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse, ladle_version, random_id)
 from ladle.server.serving_chat import ChatHandler, chat_prompt_ids
@@ -161,6 +162,10 @@ def _dispatch_snapshot() -> Any:
 def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None) -> FastAPI:
     """An app serving `engine`. The lifespan shuts the engine down when the server stops."""
     server_config = server_config or ServerConfig()
+    refusals = parser_flag_refusals(server_config.tool_call_parser, server_config.reasoning_parser,
+                                    server_config.enable_auto_tool_choice)
+    if refusals:  # `ladle serve` refuses these before loading; this is for apps built in code
+        raise ValueError("; ".join(refusals))
     engine_config = getattr(engine, "engine_config", None)
     model_cfg = getattr(engine_config, "model", None)
     extra = (getattr(model_cfg, "served_model_name", None), getattr(model_cfg, "model", None))
@@ -225,7 +230,8 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
         else:
             ids = chat_prompt_ids(ctx.tokenizer, ChatCompletionRequest(
                 messages=req.messages, chat_template_kwargs=req.chat_template_kwargs,
-                add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message))
+                add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
+                tools=req.tools))
         strs = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ids] if req.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs)
 

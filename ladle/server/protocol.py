@@ -262,6 +262,7 @@ class TokenizeRequest(OpenAIModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
     return_token_strs: bool = False
 
 

@@ -20,7 +20,8 @@ NS = "]<]minimax[>["
 M3_SCRIPT = (f"<mm:think>The user wants Paris, 3 days.</mm:think>Let me check.{NS}<tool_call>\n"
              f"{NS}<invoke name=\"get_weather\">\n{NS}<city>Paris{NS}</city>\n{NS}<days>3{NS}</days>\n"
              f"{NS}</invoke>\n{NS}</tool_call>")
-HERMES_SCRIPT = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+HERMES_SCRIPT = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+                 '</tool_call>')
 
 
 def _serve(**server_config):
@@ -142,3 +143,18 @@ def test_auto_tool_choice_needs_the_server_flag():
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_tokenize_passes_tools_to_the_template(hermes_server):
+    with hermes_server.client() as c:
+        r = c.post("/tokenize", json={"messages": MESSAGES, "tools": TOOLS})
+    assert r.status_code == 200 and r.json()["count"] > 0
+    assert hermes_server.engine.tokenizer.last_template_kwargs["tools"] == TOOLS
+
+
+def test_build_app_refuses_an_unknown_parser():
+    from ladle.config import ServerConfig
+    from ladle.server.api import build_app
+
+    with pytest.raises(ValueError, match="unknown tool-call parser; ladle has hermes, llama3_json, minimax_m3"):
+        build_app(FakeEngineClient(), ServerConfig(tool_call_parser="mistral"))
