@@ -63,16 +63,16 @@ def tp_world_size() -> int:
     return int(_STATE["world_size"])
 
 
-def _check_group(tp_size: Optional[int]) -> None:
+def _check_group(tp_size: Optional[int], op: str) -> None:
     if tp_size is not None and tp_size != _STATE["world_size"]:
-        raise RuntimeError(f"a layer built for tp_size {tp_size} runs in a tensor-parallel group of "
+        raise RuntimeError(f"cannot {op}: a layer built for tp_size {tp_size} runs in a tensor-parallel group of "
                            f"{_STATE['world_size']} ranks (init_tensor_parallel was not called in this process?)")
 
 
 def tensor_model_parallel_all_reduce(x: torch.Tensor, tp_size: Optional[int] = None) -> torch.Tensor:
     """Sum of `x` over the ranks (in place on `x`, which is returned): [*] any dtype the backend reduces.
     Identity with one rank. `tp_size`: what the caller was built for (checked against the group)."""
-    _check_group(tp_size)
+    _check_group(tp_size, "all-reduce")
     if _STATE["world_size"] == 1:
         return x
     dispatch.record("all_reduce", dispatch.tokens_bucket(x.numel()), configured=True, eligible=True, executed=True)
@@ -83,7 +83,7 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor, tp_size: Optional[int] = N
 def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1, tp_size: Optional[int] = None) -> torch.Tensor:
     """Concatenation along `dim` of every rank's `x` (same shape on every rank), rank order. Identity with one
     rank."""
-    _check_group(tp_size)
+    _check_group(tp_size, "all-gather")
     world = _STATE["world_size"]
     if world == 1:
         return x
