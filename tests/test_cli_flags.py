@@ -91,6 +91,16 @@ def test_tensor_parallel_size_must_divide_the_heads_and_ray_is_refused():
         resolve_parallel(2, "ray", {"num_attention_heads": 6})
 
 
+def test_expert_parallel_needs_experts_that_split():
+    from ladle.engine.config_resolve import resolve_expert_parallel
+
+    assert resolve_expert_parallel(True, 4, {"num_local_experts": 8}) is True
+    with pytest.raises(ConfigError, match="has no MoE experts"):
+        resolve_expert_parallel(True, 2, {"num_attention_heads": 6})
+    with pytest.raises(ConfigError, match="8 experts do not split over --tensor-parallel-size 3"):
+        resolve_expert_parallel(True, 3, {"num_local_experts": 8})
+
+
 @pytest.mark.parametrize("value,why", [("fp8", "does not implement yet"), ("fp8_e5m2", "does not implement yet"),
                                        ("bfloat16", "does not implement yet"), ("int3", "not a KV cache dtype")])
 def test_kv_cache_dtype_other_than_auto_is_refused(value, why):

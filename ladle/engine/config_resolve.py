@@ -167,6 +167,20 @@ def resolve_parallel(tensor_parallel_size: int, backend: str = "mp", hf_config: 
     return int(tensor_parallel_size)
 
 
+def resolve_expert_parallel(enable: bool, tensor_parallel_size: int, hf_config: Optional[dict]) -> bool:
+    """--enable-expert-parallel needs a model with routed experts, as many per rank (experts % TP == 0)."""
+    if not enable or hf_config is None:
+        return bool(enable)
+    cfg = text_config_of(hf_config)
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    if not experts:
+        raise ConfigError("--enable-expert-parallel: this model has no MoE experts (leave the flag out)")
+    if tensor_parallel_size >= 1 and experts % tensor_parallel_size:
+        raise ConfigError(f"--enable-expert-parallel: {experts} experts do not split over --tensor-parallel-size "
+                          f"{tensor_parallel_size}")
+    return True
+
+
 def resolve_kv_cache_dtype(kv_cache_dtype: str) -> str:
     """Only auto (the KV cache stores the model dtype, which --dtype picks) until an FP8 KV cache lands."""
     if kv_cache_dtype == "auto":
@@ -224,6 +238,8 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
     parallel = dataclasses.replace(config.parallel, tensor_parallel_size=refusals.run(
         resolve_parallel, config.parallel.tensor_parallel_size, config.parallel.distributed_executor_backend,
         hf_config, fallback=config.parallel.tensor_parallel_size))
+    refusals.run(resolve_expert_parallel, config.parallel.enable_expert_parallel,
+                 config.parallel.tensor_parallel_size, hf_config)
     device_type = torch.device(device).type
     backends_ok = [refusals.run(resolve_attention_backend, config.runner.attention_backend, device_type),
                    refusals.run(resolve_moe_backend, config.runner.moe_backend, device_type)]
