@@ -233,7 +233,6 @@ INSTEAD = {
                       "files as they are; leave it out",
     "--pipeline-parallel-size": "ladle runs a model on 1 GPU",
     "--data-parallel-size": "ladle runs one engine; start one `ladle serve` per GPU behind a load balancer",
-    "--enable-expert-parallel": "ladle runs a model on 1 GPU",
     "--speculative-config": "ladle has no speculative decoding",
     "--enable-lora": "ladle serves no LoRA adapters",
     "--cudagraph-capture-sizes": "ladle's --cuda-graph-sizes takes the decode batch sizes to capture",

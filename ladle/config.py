@@ -73,9 +73,17 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    """Tensor parallelism: one worker process per rank (ladle/runner/executor.py), collectives in ladle/distributed."""
+
     tensor_parallel_size: int = _f(
-        1, "--tensor-parallel-size", "tensor parallel ranks: only 1 (other values are refused until tensor "
-        "parallelism exists)")
+        1, "--tensor-parallel-size", "tensor parallel ranks (one process and one GPU each); must divide the "
+        "attention heads")
+    distributed_executor_backend: str = _f(
+        "mp", "--distributed-executor-backend", "how ranks run: mp (one local process per rank); ray is not "
+        "supported yet")
+    enable_expert_parallel: bool = _f(
+        False, "--enable-expert-parallel", "place whole MoE experts on the tensor-parallel ranks instead of "
+        "splitting every expert's intermediate dim")
 
 
 # Decode batch sizes captured as CUDA graphs by default (then clamped to --max-num-seqs).

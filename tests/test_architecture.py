@@ -18,9 +18,10 @@ ALLOWED = {
     "config": set(),
     "core": {"core"},
     "engine": {"engine", "core", "runner", "models", "observe"},
-    "runner": {"runner", "core", "models", "layers", "kernels", "observe"},
-    "models": {"models", "layers", "kernels", "observe"},
-    "layers": {"layers", "kernels", "observe"},
+    "runner": {"runner", "core", "models", "layers", "kernels", "distributed", "observe"},
+    "models": {"models", "layers", "kernels", "distributed", "observe"},
+    "layers": {"layers", "kernels", "distributed", "observe"},
+    "distributed": {"distributed", "observe"},  # process groups and collectives (tensor parallelism)
     "kernels": {"kernels", "observe"},
     "server": {"server", "engine", "core", "observe"},
     "bench": {"bench", "server"},

@@ -38,18 +38,17 @@ def test_recipe_line_on_tiny_m3_is_one_message(m3_tiny):
     # the parser flags are implemented: only values are refused now (exit status 1)
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
     assert r.stderr.count("error:") == 1 and "usage:" not in r.stderr
-    assert r.stderr.startswith("ladle serve: error: 5 settings of this command line are refused")
+    assert r.stderr.startswith("ladle serve: error: 4 settings of this command line are refused")
     assert "parser" not in r.stderr and "auto-tool-choice" not in r.stderr
     lines = [line.strip() for line in r.stderr.splitlines()[1:]]
     expected = ["--kv-cache-dtype fp8:", "--max-model-len 10240",
-                "--block-size 128", "--tensor-parallel-size 4:", "--moe-backend aiter:"]
+                "--block-size 128", "--moe-backend aiter:"]  # TP 4 divides the tiny M3's 8 heads: accepted
     assert len(lines) == len(expected)
     for prefix in expected:
         assert sum(line.startswith(prefix) for line in lines) == 1, (prefix, r.stderr)
     # each refusal says what ladle offers instead
     assert "AMD-only" in r.stderr and "ladle offers triton, torch" in r.stderr
     assert "ladle offers auto" in r.stderr and "must be 16" in r.stderr and "use at most 4096" in r.stderr
-    assert "ladle runs a model on 1 GPU" in r.stderr
     assert "loading weights" not in r.stderr  # nothing was loaded
 
 
@@ -77,13 +76,34 @@ def test_prefix_caching_negations(argv, expected):
 
 
 @pytest.mark.parametrize("tp,message", [
-    (4, "tensor parallelism is not implemented yet"), (2, "tensor parallelism is not implemented yet"),
-    (0, "must be a positive number of GPUs"), (-1, "must be a positive number of GPUs"),
+    (0, "must be a positive number of ranks"), (-1, "must be a positive number of ranks"),
 ])
-def test_tensor_parallel_size_other_than_1_is_refused(tp, message):
+def test_tensor_parallel_size_below_1_is_refused(tp, message):
     refusals = config_refusals(EngineConfig(model=ModelConfig(device="cpu"), parallel=ParallelConfig(tp)))
     assert len(refusals) == 1 and refusals[0].startswith(f"--tensor-parallel-size {tp}: {message}")
     assert config_refusals(EngineConfig(model=ModelConfig(device="cpu"), parallel=ParallelConfig(1))) == []
+    assert config_refusals(EngineConfig(model=ModelConfig(device="cpu"), parallel=ParallelConfig(4))) == []
+
+
+def test_tensor_parallel_size_must_divide_the_heads_and_ray_is_refused():
+    from ladle.engine.config_resolve import resolve_parallel
+
+    with pytest.raises(ConfigError, match="does not divide this model's 6 attention heads; sizes that work: 1, 2, "
+                                          "3, 6"):
+        resolve_parallel(4, "mp", {"num_attention_heads": 6})
+    assert resolve_parallel(3, "mp", {"num_attention_heads": 6}) == 3
+    with pytest.raises(ConfigError, match="--distributed-executor-backend ray: not supported yet"):
+        resolve_parallel(2, "ray", {"num_attention_heads": 6})
+
+
+def test_expert_parallel_needs_experts_that_split():
+    from ladle.engine.config_resolve import resolve_expert_parallel
+
+    assert resolve_expert_parallel(True, 4, {"num_local_experts": 8}) is True
+    with pytest.raises(ConfigError, match="has no MoE experts"):
+        resolve_expert_parallel(True, 2, {"num_attention_heads": 6})
+    with pytest.raises(ConfigError, match="8 experts do not split over --tensor-parallel-size 3"):
+        resolve_expert_parallel(True, 3, {"num_local_experts": 8})
 
 
 @pytest.mark.parametrize("value,why", [("fp8", "does not implement yet"), ("fp8_e5m2", "does not implement yet"),
@@ -101,7 +121,7 @@ def test_no_language_model_only_is_refused():
 
 def test_every_config_refusal_at_once():
     cfg = EngineConfig(model=ModelConfig(device="cpu", dtype="int7"), cache=CacheConfig(kv_cache_dtype="fp8"),
-                       parallel=ParallelConfig(8), runner=RunnerConfig(attention_backend="FLASH_ATTN",
+                       parallel=ParallelConfig(0), runner=RunnerConfig(attention_backend="FLASH_ATTN",
                                                                        moe_backend="marlin"))
     refusals = config_refusals(cfg)
     assert [r.split(" ", 1)[0] for r in refusals] == ["unsupported", "--kv-cache-dtype", "--tensor-parallel-size",

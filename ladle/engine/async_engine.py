@@ -122,7 +122,7 @@ class AsyncEngine(EngineClient):
         self._inbox.put(("abort", request_id))
 
     def is_healthy(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
+        return self._dead is None and self._thread.is_alive() and self.core.is_healthy()
 
     def get_stats(self) -> EngineStats:
         return self._stats
@@ -132,6 +132,7 @@ class AsyncEngine(EngineClient):
             self._stopping.set()
             self._inbox.put(("stop",))
             await asyncio.to_thread(self._thread.join, 30.0)
+        await asyncio.to_thread(self.core.shutdown)
 
     def _check_alive(self) -> None:
         if not self.is_healthy():

@@ -144,15 +144,41 @@ def resolve_block_size(requested: int, hf_config: dict, model_cls: Any) -> int:
     return int(requested)
 
 
-def resolve_parallel(tensor_parallel_size: int) -> int:
-    """Only 1 until tensor parallelism lands; anything else is refused (never ignored)."""
-    if tensor_parallel_size == 1:
-        return 1
+def _attention_heads(hf_config: dict) -> Optional[int]:
+    heads = text_config_of(hf_config).get("num_attention_heads")
+    return int(heads) if heads else None
+
+
+def resolve_parallel(tensor_parallel_size: int, backend: str = "mp", hf_config: Optional[dict] = None) -> int:
+    """--tensor-parallel-size must be >= 1 and divide the model's attention heads (the error lists the sizes that
+    do); --distributed-executor-backend mp only (ray: not supported yet). Returns the size."""
+    if backend != "mp":
+        why = "not supported yet" if backend == "ray" else "not a distributed executor backend ladle knows"
+        raise ConfigError(f"--distributed-executor-backend {backend}: {why}; ladle offers mp (one local process "
+                          "per rank)")
     if tensor_parallel_size < 1:
-        raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size}: must be a positive number of GPUs; "
-                          "ladle runs a model on 1 GPU (leave the flag out)")
-    raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size}: tensor parallelism is not implemented yet; "
-                      "ladle runs a model on 1 GPU (leave the flag out, or pass 1)")
+        raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size}: must be a positive number of ranks "
+                          "(1 runs the model in one process)")
+    heads = _attention_heads(hf_config) if hf_config is not None else None
+    if heads and heads % tensor_parallel_size:
+        sizes = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
+        raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size} does not divide this model's {heads} "
+                          f"attention heads; sizes that work: {sizes}")
+    return int(tensor_parallel_size)
+
+
+def resolve_expert_parallel(enable: bool, tensor_parallel_size: int, hf_config: Optional[dict]) -> bool:
+    """--enable-expert-parallel needs a model with routed experts, as many per rank (experts % TP == 0)."""
+    if not enable or hf_config is None:
+        return bool(enable)
+    cfg = text_config_of(hf_config)
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    if not experts:
+        raise ConfigError("--enable-expert-parallel: this model has no MoE experts (leave the flag out)")
+    if tensor_parallel_size >= 1 and experts % tensor_parallel_size:
+        raise ConfigError(f"--enable-expert-parallel: {experts} experts do not split over --tensor-parallel-size "
+                          f"{tensor_parallel_size}")
+    return True
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str) -> str:
@@ -210,7 +236,10 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
     if config.scheduler.max_num_batched_tokens < 1 or config.scheduler.max_num_seqs < 1:
         refusals.messages.append("--max-num-batched-tokens and --max-num-seqs must be positive")
     parallel = dataclasses.replace(config.parallel, tensor_parallel_size=refusals.run(
-        resolve_parallel, config.parallel.tensor_parallel_size, fallback=config.parallel.tensor_parallel_size))
+        resolve_parallel, config.parallel.tensor_parallel_size, config.parallel.distributed_executor_backend,
+        hf_config, fallback=config.parallel.tensor_parallel_size))
+    refusals.run(resolve_expert_parallel, config.parallel.enable_expert_parallel,
+                 config.parallel.tensor_parallel_size, hf_config)
     device_type = torch.device(device).type
     backends_ok = [refusals.run(resolve_attention_backend, config.runner.attention_backend, device_type),
                    refusals.run(resolve_moe_backend, config.runner.moe_backend, device_type)]

@@ -5,7 +5,8 @@ and returns is plain Python (Request in, EngineOutput out), so it can move to it
 
 Failure rule (ARCHITECTURE.md "Threads, aborts, failures"): an exception inside `runner.execute` fails the
 requests of that step (FINISH_ERROR with the message, blocks freed) and the engine carries on. An
-exception anywhere else propagates: the caller treats the loop as dead.
+exception anywhere else propagates, and so does a `fatal` one from the runner (a tensor-parallel rank process
+that died): the caller treats the loop as dead.
 """
 
 from __future__ import annotations
@@ -110,11 +111,24 @@ class EngineCore:
         try:
             runner_output = self.runner.execute(scheduler_output)
         except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
+            if getattr(exc, "fatal", False):  # a rank process died (runner/executor.py): the engine cannot go on
+                raise
             ids = [c.request_id for c in scheduler_output.chunks]
             logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
             # the runner drops their state itself: fail_requests reports them in the next finished_request_ids
             return self.scheduler.fail_requests(ids, f"{type(exc).__name__}: {exc}")
         return self.scheduler.update(scheduler_output, runner_output)
+
+    def is_healthy(self) -> bool:
+        """False once the runner reports itself dead (a tensor-parallel rank process exited)."""
+        check = getattr(self.runner, "is_healthy", None)
+        return True if check is None else bool(check())
+
+    def shutdown(self) -> None:
+        """Stop the runner's worker processes, if it has any (idempotent)."""
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

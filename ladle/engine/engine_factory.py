@@ -86,9 +86,11 @@ def preflight_refusals(config: EngineConfig, with_model: bool = True) -> list[st
 
 def startup_summary(resolved: EngineConfig, model: Any, num_blocks: int) -> str:
     """One line: weights bytes, KV capacity (tokens, blocks), max concurrency at max_model_len, dtypes, and the
-    backend per op (attention, MoE, fused norms, CUDA graph sizes)."""
+    backend per op (attention, MoE, fused norms, CUDA graph sizes). `model`: the loaded model, or the weight bytes
+    of rank 0 (an int) under tensor parallelism."""
     mc, cc, rc = resolved.model, resolved.cache, resolved.runner
-    weights = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    weights = model if isinstance(model, int) else sum(
+        t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     tokens = num_blocks * cc.block_size
     kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else cc.kv_cache_dtype
     graphs = f"{len(rc.cuda_graph_sizes)} sizes up to {max(rc.cuda_graph_sizes)}" if rc.cuda_graph_sizes else "none"
@@ -97,6 +99,17 @@ def startup_summary(resolved: EngineConfig, model: Any, num_blocks: int) -> str:
             f"max_model_len {mc.max_model_len}; dtype {mc.dtype}, KV dtype {kv_dtype}; attention "
             f"{rc.attention_backend}, moe {rc.moe_backend}, fused norms {'on' if rc.fused_norms else 'off'}, "
             f"CUDA graphs {graphs}")
+
+
+def start_executor(resolved: EngineConfig, source: Any, eos: tuple[int, ...]) -> Any:
+    """The mp executor (ladle/runner/executor.py): one worker process per rank, each with its shard and runner."""
+    from ladle.runner.executor import MultiprocExecutor
+    from ladle.runner.worker import WorkerSpec
+
+    par = resolved.parallel
+    spec = WorkerSpec(resolved.model, resolved.cache, resolved.scheduler, resolved.runner, source, tuple(eos), 0,
+                      par.tensor_parallel_size, expert_parallel=par.enable_expert_parallel)
+    return MultiprocExecutor(spec)
 
 
 def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
@@ -124,12 +137,20 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
         tokenizer = load_tokenizer(source.tokenizer_path, source.tokenizer_gguf_file)
     eos = eos_token_ids(tokenizer, source.generation_config)
     t1 = time.monotonic()
-    logger.info("loading weights (%s, load format %s)", source.kind, mc.load_format)
-    model = load_model(mc, source, torch_dtype(mc.dtype), torch.device(mc.device))
-    logger.info("weights loaded in %.1f s", time.monotonic() - t1)
     sizes = resolved.runner.cuda_graph_sizes
-    logger.info("allocating the KV cache%s", f" and capturing {len(sizes)} CUDA graphs" if sizes else "")
-    runner = ModelRunner(mc, resolved.cache, resolved.scheduler, resolved.runner, model, eos)
+    tp = resolved.parallel.tensor_parallel_size
+    if tp > 1:
+        logger.info("starting %d tensor-parallel ranks (%s backend): each loads its shard (%s, load format %s), "
+                    "allocates its KV cache%s", tp, resolved.parallel.distributed_executor_backend, source.kind,
+                    mc.load_format, f" and captures {len(sizes)} CUDA graphs" if sizes else "")
+        runner = start_executor(resolved, source, eos)
+        model = runner.ranks[0].weight_bytes
+    else:
+        logger.info("loading weights (%s, load format %s)", source.kind, mc.load_format)
+        model = load_model(mc, source, torch_dtype(mc.dtype), torch.device(mc.device))
+        logger.info("weights loaded in %.1f s", time.monotonic() - t1)
+        logger.info("allocating the KV cache%s", f" and capturing {len(sizes)} CUDA graphs" if sizes else "")
+        runner = ModelRunner(mc, resolved.cache, resolved.scheduler, resolved.runner, model, eos)
     scheduler = Scheduler(resolved.scheduler, block_size=resolved.cache.block_size, num_blocks=runner.num_blocks,
                           max_model_len=mc.max_model_len, enable_prefix_caching=resolved.cache.enable_prefix_caching)
     core = EngineCore(scheduler, runner, max_model_len=mc.max_model_len, eos_token_ids=eos)

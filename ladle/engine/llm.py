@@ -29,6 +29,16 @@ class LLM:
         self.engine_config = self.bundle.engine_config
         self.processor = OutputProcessor(self.tokenizer)
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (if any; they also stop when this process exits)."""
+        self.core.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt).input_ids)

@@ -4,9 +4,8 @@ Tensor parallelism (Megatron-LM's split, Shoeybi et al. 2019, "Megatron-LM", §3
 the output features of W [out, in] over `tp_size` ranks (rank r holds rows [r*out/tp, (r+1)*out/tp) and computes
 its slice of y; concatenating the rank outputs gives the full y); a row-parallel layer splits the input features
 (rank r holds columns [r*in/tp, ...) and computes a partial sum; summing the rank outputs — an all-reduce — gives
-the full y). tp_size is 1 until tensor parallelism lands: no collective runs anywhere yet, but every layer already
-allocates its per-rank shapes and its parameters' `weight_loader` slices rank r's part out of the full checkpoint
-tensor, so TP only has to add the collectives.
+the full y). Every layer allocates its per-rank shapes and its parameters' `weight_loader` slices rank r's part
+out of the full checkpoint tensor; the one collective, `all_reduce_across_ranks`, goes through ladle/distributed.
 
 Weight-loading protocol (ladle/models/weights.py drives it): every parameter carries
     param.weight_loader(param, loaded_weight, shard_id=None) -> int   (elements of `param` written)
@@ -34,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.distributed.parallel_state import tensor_model_parallel_all_reduce
+
 
 def head_shard(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
     """(first head, heads per rank) of rank `tp_rank` for `num_heads` heads over `tp_size` ranks (module doc:
@@ -52,12 +53,12 @@ def head_shard(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
 
 
 def all_reduce_across_ranks(x: torch.Tensor, tp_size: int) -> torch.Tensor:
-    """THE place where the tensor-parallel all-reduce (sum over ranks) will go. At tp_size 1 it is the identity;
-    with tp_size > 1 it raises NotImplementedError: no collective exists yet (build with reduce_results=False to
-    get this rank's partial sum)."""
+    """THE tensor-parallel all-reduce (sum over ranks) of the layer kit: the identity at tp_size 1, else
+    `ladle.distributed.tensor_model_parallel_all_reduce` (NCCL on CUDA, gloo on CPU) in the process's group.
+    Raises RuntimeError when this process's group does not have `tp_size` ranks."""
     if tp_size == 1:
         return x
-    raise NotImplementedError("tensor-parallel all-reduce is not implemented yet (tp_size > 1)")
+    return tensor_model_parallel_all_reduce(x, tp_size)
 
 
 def set_weight_loader(param: nn.Parameter, loader, shard_dim: Optional[int]) -> nn.Parameter:
@@ -215,8 +216,8 @@ class RowParallelLinear(nn.Module):
     the partial sum x_r W_r^T (+ b on rank 0 only, so the sum adds it once).
 
     forward(x [..., input_size_per_partition]) -> [..., output_size]. With reduce_results (default) the partial
-    sums go through `all_reduce_across_ranks`, where the all-reduce will go: a no-op at tp_size 1 — nothing is
-    reduced today; tp_size > 1 raises there until collectives land. reduce_results=False returns the partial sum.
+    sums go through `all_reduce_across_ranks` (a no-op at tp_size 1). reduce_results=False returns the partial
+    sum.
     """
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, dtype: Optional[torch.dtype] = None,

@@ -12,6 +12,11 @@ intermediate dim is split over ranks: rank r holds gate and up rows [r I_r, (r+1
 columns; summing the ranks' outputs gives y). When the shared expert has the routed width (M3: 3072 = 3072) it is
 stored as row E and the router appends it as one more column that every token selects with weight exactly 1.0 —
 never renormalised, never scaled. A shared expert of another width is a separate `GatedMLP` (`shared_experts`).
+
+Expert parallelism (`expert_parallel=True`, vLLM's --enable-expert-parallel): instead of splitting I, rank r holds
+the whole experts [r E/tp, (r+1) E/tp) (local rows 0..E/tp-1, I_r = I) and a folded shared expert whole; every rank
+routes all tokens with the replicated router, keeps the choices of its own experts (the others get weight 0 on
+local row 0), rank 0 alone adds the folded shared column, and the all-reduce sums the routed (and shared) parts.
 """
 
 from __future__ import annotations
@@ -63,13 +68,24 @@ class FusedMoE(nn.Module):
                  shared_intermediate_size: int = 0, routed_scaling_factor: float = 1.0, swiglu_alpha: float = 1.702,
                  swiglu_limit: float = 7.0, dtype: Optional[torch.dtype] = None,
                  device: "torch.device | str | None" = None, tp_rank: int = 0, tp_size: int = 1,
-                 reduce_results: bool = True, quant_method: Optional[UnquantizedFusedMoEMethod] = None) -> None:
+                 reduce_results: bool = True, quant_method: Optional[UnquantizedFusedMoEMethod] = None,
+                 expert_parallel: bool = False) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
         self.intermediate_size, self.routed_scaling_factor = intermediate_size, routed_scaling_factor
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
         self.tp_rank, self.tp_size, self.reduce_results = tp_rank, tp_size, reduce_results
-        self.intermediate_size_per_partition = head_shard(intermediate_size, tp_rank, tp_size)[1]
+        self.expert_parallel = expert_parallel and tp_size > 1
+        if self.expert_parallel:
+            if num_experts % tp_size:
+                raise ValueError(f"expert parallelism: {num_experts} experts do not split over tp_size {tp_size}")
+            self.num_local_experts = num_experts // tp_size
+            self.expert_start = tp_rank * self.num_local_experts
+            self.intermediate_size_per_partition, self.intermediate_start = intermediate_size, 0
+        else:
+            self.num_local_experts, self.expert_start = num_experts, 0
+            self.intermediate_size_per_partition = head_shard(intermediate_size, tp_rank, tp_size)[1]
+            self.intermediate_start = tp_rank * self.intermediate_size_per_partition
         self.has_shared = shared_intermediate_size > 0
         self.shared_folded = shared_intermediate_size == intermediate_size
         self.shared_experts = None
@@ -85,7 +101,7 @@ class FusedMoE(nn.Module):
         self.gate_weight = router_param(num_experts, hidden_size)
         self.e_score_correction_bias = router_param(num_experts)
         self.quant_method = quant_method or UnquantizedFusedMoEMethod()
-        self.quant_method.create_weights(self, num_experts + int(self.shared_folded), hidden_size,
+        self.quant_method.create_weights(self, self.num_local_experts + int(self.shared_folded), hidden_size,
                                          self.intermediate_size_per_partition, dtype, device, self.weight_loader)
 
     # -- loading -------------------------------------------------------------------------------------
@@ -96,13 +112,15 @@ class FusedMoE(nn.Module):
         shard_id: "w1" (gate [I, H]), "w3" (up [I, H]), "w13" (gate rows then up rows [2I, H]) into `w13`;
         "w2" (down [H, I]) into `w2`. expert_id: routed expert 0 <= e < E; "shared" = the folded shared expert
         (row E); None = every routed expert at once (a tensor with a leading [E] dim, transformers' fused layout).
-        Returns the elements written. Raises ValueError on a bad shard / expert or a shape mismatch."""
+        Returns the elements written (0 for an expert another rank holds under expert parallelism). Raises ValueError on a bad shard / expert or a shape mismatch."""
         if expert_id is None:
             check_shape(f"{shard_id} of all experts", loaded_weight.shape[:1], [self.num_experts])
             return sum(self.weight_loader(param, loaded_weight[e], shard_id, e) for e in range(self.num_experts))
         row = self._expert_row(expert_id)
+        if row is None:
+            return 0
         i, i_r, h = self.intermediate_size, self.intermediate_size_per_partition, self.hidden_size
-        start = self.tp_rank * i_r
+        start = self.intermediate_start
         if shard_id == "w13":
             check_shape("w13", loaded_weight.shape, [2 * i, h])
             gate, up = loaded_weight.split(i, dim=0)
@@ -119,14 +137,16 @@ class FusedMoE(nn.Module):
             raise ValueError(f"unknown expert shard {shard_id!r} (w1, w3, w13, w2)")
         return dst.numel()
 
-    def _expert_row(self, expert_id: ExpertId) -> int:
+    def _expert_row(self, expert_id: ExpertId) -> Optional[int]:
+        """This rank's table row of `expert_id`; None for a routed expert another rank holds."""
         if expert_id == "shared":
             if not self.shared_folded:
                 raise ValueError("this MoE has no folded shared expert row")
-            return self.num_experts
+            return self.num_local_experts
         if not isinstance(expert_id, int) or not 0 <= expert_id < self.num_experts:
             raise ValueError(f"expert {expert_id!r} not in [0, num_experts {self.num_experts})")
-        return expert_id
+        local = expert_id - self.expert_start
+        return local if 0 <= local < self.num_local_experts else None
 
     # -- forward -------------------------------------------------------------------------------------
     def route(self, x: torch.Tensor, with_shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,22 +159,39 @@ class FusedMoE(nn.Module):
         """The shared expert alone, weight 1: [T, H] in x.dtype (this rank's partial sum)."""
         if self.shared_experts is not None:
             return self.shared_experts(x)
-        ids = torch.full((x.shape[0], 1), self.num_experts, dtype=torch.int32, device=x.device)
+        ids = torch.full((x.shape[0], 1), self.num_local_experts, dtype=torch.int32, device=x.device)
         ones = torch.ones((x.shape[0], 1), dtype=torch.float32, device=x.device)
         return self._experts(x, ids, ones)
 
     def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, ids, weights, use_triton=op_backends().triton_moe)
 
+    def local_route(self, x: torch.Tensor, with_shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`route` in this rank's table rows: under expert parallelism the choices of other ranks' experts get
+        weight 0 (on local row 0) and only rank 0 appends the folded shared column (local row E/tp)."""
+        if not self.expert_parallel:
+            return self.route(x, with_shared=with_shared)
+        ids, w = self.route(x)
+        local = ids - self.expert_start
+        own = (local >= 0) & (local < self.num_local_experts)
+        ids = torch.where(own, local, torch.zeros_like(local)).to(torch.int32)
+        w = torch.where(own, w, torch.zeros_like(w))
+        if with_shared and self.tp_rank == 0:
+            ids = torch.cat([ids, ids.new_full((ids.shape[0], 1), self.num_local_experts)], dim=1)
+            w = torch.cat([w, w.new_ones((w.shape[0], 1))], dim=1)
+        return ids, w
+
     def forward(self, x: torch.Tensor, fuse_shared: bool = True) -> torch.Tensor:
         fold = fuse_shared and self.shared_folded
-        ids, w = self.route(x, with_shared=fold)
+        ids, w = self.local_route(x, with_shared=fold)
         out = self._experts(x, ids, w)
-        if self.has_shared and not fold:
+        # a folded shared row is whole on every expert-parallel rank: rank 0 alone adds it
+        shared_here = self.shared_experts is not None or not self.expert_parallel or self.tp_rank == 0
+        if self.has_shared and not fold and shared_here:
             out = out + self.shared_expert(x)
         return all_reduce_across_ranks(out, self.tp_size) if self.reduce_results else out
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, top_k={self.top_k}, I_per_rank={self.intermediate_size_per_partition}, "
                 f"shared={'folded' if self.shared_folded else self.shared_experts is not None}, "
-                f"tp={self.tp_rank}/{self.tp_size}")
+                f"tp={self.tp_rank}/{self.tp_size}, ep={self.expert_parallel}")

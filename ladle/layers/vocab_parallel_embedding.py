@@ -4,7 +4,8 @@ Rank r holds the contiguous vocabulary rows [r*R, min((r+1)*R, V)) with R = ceil
 (rows past V on the last rank are zero padding). Embedding: each rank looks up the ids it owns and writes zeros for
 the others, so the sum over ranks (all-reduce) is the full lookup. LM head: each rank computes the logits of its
 rows, so concatenating the ranks' logits (all-gather) and dropping the padding gives the full [T, V] logits.
-tp_size is 1 until tensor parallelism lands (`all_reduce_across_ranks` in linear.py is where the sum will go).
+The sum is `all_reduce_across_ranks` (linear.py), the concatenation `tensor_model_parallel_all_gather`
+(ladle/distributed).
 
 Like nn.Embedding without the random init: the weight is uninitialised until loading or dummy init fills it.
 """
@@ -17,12 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.distributed.parallel_state import tensor_model_parallel_all_gather
 from ladle.layers.linear import UnquantizedLinearMethod, check_shape, all_reduce_across_ranks
 
 
 class VocabParallelEmbedding(nn.Module):
     """weight [num_embeddings_per_partition, embedding_dim]. forward(ids [T] int64) -> [T, embedding_dim]:
-    with reduce_results (default) the full lookup (tp_size 1; the all-reduce place raises for tp_size > 1),
+    with reduce_results (default) the full lookup (summed over the ranks),
     else this rank's partial (zeros for ids it does not own)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype: Optional[torch.dtype] = None,
@@ -65,16 +67,17 @@ class ParallelLMHead(VocabParallelEmbedding):
     """The output projection, vocabulary-split like the embedding (tie by assigning the embedding's weight).
 
     compute_logits(hidden [T, embedding_dim]) -> [T, num_embeddings] in the hidden dtype; `partial_logits` gives
-    this rank's [T, num_embeddings_per_partition] (what the all-gather will concatenate; tp_size > 1 raises in
-    compute_logits until collectives land)."""
+    this rank's [T, num_embeddings_per_partition] (what the all-gather concatenates; every rank gets the full
+    logits)."""
 
     def partial_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, hidden_states)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.tp_size > 1:
-            raise NotImplementedError("tensor-parallel logits all-gather is not implemented yet (tp_size > 1)")
-        return self.partial_logits(hidden_states)
+        partial = self.partial_logits(hidden_states)
+        if self.tp_size == 1:
+            return partial
+        return tensor_model_parallel_all_gather(partial, -1, self.tp_size)[:, :self.num_embeddings]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is an output projection: call compute_logits(hidden_states)")

@@ -28,7 +28,7 @@ from ladle.layers.mlp import GatedMLP
 from ladle.layers.norm import RMSNorm
 from ladle.layers.rotary import RotaryEmbedding
 from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from ladle.models.weights import WeightNameTable, WeightRule, init_dummy_weights, load_weights_by_table
+from ladle.models.weights import TPShard, WeightNameTable, WeightRule, init_dummy_weights, load_weights_by_table
 
 # The name table: HF checkpoint name -> (ladle parameter, shard id); anything else maps to itself.
 WEIGHT_RULES: tuple[WeightRule, ...] = (
@@ -107,13 +107,13 @@ class LlamaAttention(nn.Module):
     """qkv_proj -> RoPE -> paged Attention -> o_proj. forward(positions [T], x [T, H]) -> [T, H]."""
 
     def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, tp: TPShard = TPShard()) -> None:
         super().__init__()
         d = args.head_dim
         self.qkv_proj = QKVParallelLinear(args.hidden_size, d, args.num_heads, args.num_kv_heads,
-                                          bias=args.qkv_bias, dtype=dtype, device=device)
+                                          bias=args.qkv_bias, dtype=dtype, device=device, **tp.kwargs())
         self.o_proj = RowParallelLinear(args.num_heads * d, args.hidden_size, bias=args.o_bias, dtype=dtype,
-                                        device=device)
+                                        device=device, **tp.kwargs())
         self.rotary = [rotary]  # shared across layers; a list keeps it out of this module's state_dict
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d, d**-0.5, layer_idx)
 
@@ -128,13 +128,13 @@ class LlamaDecoderLayer(nn.Module):
     The residual add of each sub-block happens inside the following RMSNorm (fused add-norm)."""
 
     def __init__(self, args: LlamaArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, tp: TPShard = TPShard()) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
-        self.self_attn = LlamaAttention(args, rotary, layer_idx, dtype, device)
+        self.self_attn = LlamaAttention(args, rotary, layer_idx, dtype, device, tp)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, "silu", bias=args.mlp_bias, dtype=dtype,
-                            device=device)
+                            device=device, **tp.kwargs())
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: Optional[torch.Tensor]
@@ -146,13 +146,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: LlamaArgs, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, args: LlamaArgs, dtype: torch.dtype, device: torch.device, tp: TPShard = TPShard()) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, dtype=dtype, device=device,
+                                                   **tp.kwargs())
         self.rotary_emb = RotaryEmbedding(args.head_dim, args.rotary_dim, args.max_position, args.rope_theta,
                                           args.rope_scaling, is_neox_style=True, device=device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(args, self.rotary_emb, i, dtype, device) for i in range(args.num_layers)
+            LlamaDecoderLayer(args, self.rotary_emb, i, dtype, device, tp) for i in range(args.num_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype, device=device)
 
@@ -168,19 +169,21 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The `CausalLM` protocol (ladle/models/interface.py) for Llama-family configs.
 
-    ctor(hf_config dict, dtype, device): parameters are allocated on `device` in `dtype`, uninitialised (norms 1)
-    until `load_weights` or `init_dummy_weights`; the RoPE cache is float32.
+    ctor(hf_config dict, dtype, device, tp): parameters are allocated on `device` in `dtype`, uninitialised (norms
+    1) until `load_weights` or `init_dummy_weights`; the RoPE cache is float32. `tp` (TPShard): this rank's shard
+    of a tensor-parallel group (heads, MLP and vocabulary split; ladle/layers/linear.py).
     """
 
     def __init__(self, hf_config: dict, dtype: torch.dtype = torch.float32,
-                 device: "torch.device | str" = "cpu") -> None:
+                 device: "torch.device | str" = "cpu", tp: TPShard = TPShard()) -> None:
         super().__init__()
         self.hf_config = dict(hf_config)
         self.args = LlamaArgs.from_hf(hf_config)
-        self.dtype = dtype
-        device = torch.device(device)
-        self.model = LlamaModel(self.args, dtype, device)
-        self.lm_head = ParallelLMHead(self.args.vocab_size, self.args.hidden_size, dtype=dtype, device=device)
+        self.dtype, self.tp = dtype, tp
+        self.device = device = torch.device(device)
+        self.model = LlamaModel(self.args, dtype, device, tp)
+        self.lm_head = ParallelLMHead(self.args.vocab_size, self.args.hidden_size, dtype=dtype, device=device,
+                                      **tp.kwargs())
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         skip = SKIP_PATTERNS + ((r"lm_head\.weight$",) if self.args.tie_word_embeddings else ())
@@ -200,7 +203,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden_states).float()
 
     def kv_cache_specs(self) -> list[LayerCacheSpec]:
-        return [LayerCacheSpec(self.args.num_kv_heads, self.args.head_dim) for _ in range(self.args.num_layers)]
+        """One spec per layer with this rank's KV heads."""
+        return [LayerCacheSpec(layer.self_attn.qkv_proj.num_kv_heads, self.args.head_dim)
+                for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors in through the name table (ladle/models/weights.py). Returns the parameter names
@@ -209,5 +214,10 @@ class LlamaForCausalLM(nn.Module):
         return load_weights_by_table(self, weights, self.weight_names)
 
     def init_dummy_weights(self, seed: int) -> None:
-        """Norm weights = 1, everything else uniform within ±DUMMY_MAX_ABS (ladle/models/weights.py)."""
-        init_dummy_weights(self, seed, norm_noise=0.0, max_abs=DUMMY_MAX_ABS)
+        """Norm weights = 1, everything else uniform within ±DUMMY_MAX_ABS (ladle/models/weights.py); a rank's
+        shards are the slices of the one-rank model's tensors."""
+        init_dummy_weights(self, seed, norm_noise=0.0, max_abs=DUMMY_MAX_ABS, unsharded=self._unsharded())
+
+    def _unsharded(self) -> Optional[nn.Module]:
+        """The one-rank twin on the meta device (shapes only) when this model is a shard, else None."""
+        return None if self.tp.size == 1 else type(self)(self.hf_config, self.dtype, "meta")

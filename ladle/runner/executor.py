@@ -1,0 +1,126 @@
+"""The multiprocessing executor (`--distributed-executor-backend mp`): one worker process per tensor-parallel rank.
+
+Same interface as a ModelRunner for the engine core: `execute(SchedulerOutput) -> RunnerOutput`, `num_blocks`, plus
+`is_healthy()` and `shutdown()`. Each step's SchedulerOutput is pickled once and the same bytes go down every rank's
+pipe (the broadcast); every rank answers, rank 0 with the sampled tokens. A rank that raises makes `execute` raise
+RuntimeError naming the rank (the engine fails that step's requests); a rank process that exits makes it raise
+WorkerDied (fatal: the engine loop stops, /health turns 503). With one rank the engine keeps its ModelRunner in
+process and no executor exists.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import pickle
+from multiprocessing.connection import wait
+
+from ladle.distributed.parallel_state import WORKER_ENV, free_port
+from ladle.runner.worker import RankInfo, WorkerSpec, worker_main
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerDied(RuntimeError):
+    """A rank's process exited. `fatal`: the engine must stop (its requests end with an error)."""
+
+    fatal = True
+
+
+class MultiprocExecutor:
+    """Start `spec.world_size` ranks (spawn) from `spec` (its rank field is replaced per process) and wait until
+    all are ready. Raises RuntimeError with the failing rank's traceback when one cannot start."""
+
+    def __init__(self, spec: WorkerSpec, startup_timeout_s: float = 1800.0) -> None:
+        ctx = mp.get_context("spawn")
+        os.environ.update(WORKER_ENV)  # inherited by the spawned ranks before they import anything
+        spec = dataclasses.replace(spec, master_port=spec.master_port or free_port(spec.master_addr))
+        self.world_size = spec.world_size
+        self._procs, self._conns = [], []
+        self._closed = False
+        for rank in range(spec.world_size):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(dataclasses.replace(spec, rank=rank), child_end, os.getpid()),
+                               name=f"ladle-tp-rank{rank}", daemon=True)
+            proc.start()
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        atexit.register(self.shutdown)
+        try:
+            self.ranks: list[RankInfo] = [self._ready(r, startup_timeout_s) for r in range(spec.world_size)]
+        except BaseException:
+            self.shutdown()
+            raise
+        self.num_blocks = min(info.num_blocks for info in self.ranks)
+        block = spec.cache_config.block_size
+        for info in self.ranks:
+            logger.info("rank %d (pid %d): weights %.3f GiB (%d bytes), KV cache %d tokens (%d blocks; the pool is "
+                        "the minimum over ranks, %d blocks)", info.rank, info.pid, info.weight_bytes / 2**30,
+                        info.weight_bytes, info.num_blocks * block, info.num_blocks, self.num_blocks)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def _ready(self, rank: int, timeout_s: float) -> RankInfo:
+        kind, payload = self._recv(rank, timeout_s)
+        if kind != "ready":
+            raise RuntimeError(f"tensor-parallel rank {rank} failed to start:\n{payload}")
+        return payload
+
+    def _recv(self, rank: int, timeout_s: float | None = None):
+        """The next message of `rank`; WorkerDied when its process exits first (or TimeoutError)."""
+        conn, proc = self._conns[rank], self._procs[rank]
+        ready = wait([conn, proc.sentinel], timeout=timeout_s)
+        if not ready:
+            raise TimeoutError(f"tensor-parallel rank {rank} did not answer within {timeout_s} s")
+        if conn in ready:
+            try:
+                return conn.recv()
+            except (EOFError, OSError):
+                pass
+        proc.join(1.0)
+        raise WorkerDied(f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}")
+
+    def execute(self, scheduler_output):
+        """Broadcast one step to every rank; return rank 0's RunnerOutput (module doc for the errors)."""
+        data = pickle.dumps(scheduler_output, protocol=pickle.HIGHEST_PROTOCOL)
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(data)
+            except (BrokenPipeError, OSError):
+                raise WorkerDied(f"tensor-parallel rank {rank} (pid {self._procs[rank].pid}) is gone") from None
+        replies = [self._recv(rank) for rank in range(self.world_size)]
+        errors = [payload for kind, payload in replies if kind == "error"]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return replies[0][1]
+
+    def is_healthy(self) -> bool:
+        """Every rank's process is alive (cheap: checked on each /health)."""
+        return not self._closed and all(p.is_alive() for p in self._procs)
+
+    def shutdown(self) -> None:
+        """Stop every rank (idempotent): ask, then terminate, then kill what is left."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self._procs:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in self._conns:
+            conn.close()
