@@ -1,4 +1,4 @@
-"""Local-shape histogram: per op and per (M bucket, N, K) the launch count, the tokens (sum of M) and the modeled
+"""Local-shape histogram: per op and per (M bucket, N, K) the launch count, the tokens (sum of M), FLOPs and the modeled
 time (roofline seconds of those launches, when the device rates are known).
 
 Stdlib only. M is bucketed to the next power of two ("M<=32"); N and K are exact (a layer's local weight shape
@@ -13,7 +13,7 @@ import threading
 from typing import Optional
 
 _LOCK = threading.Lock()
-_ROWS: dict[tuple[str, int, int, int], list[float]] = {}  # (op, m_bucket, n, k) -> [launches, tokens, modeled_s]
+_ROWS: dict[tuple[str, int, int, int], list[float]] = {}  # (op, m_bucket, n, k) -> [launches, tokens, modeled_s, flops]
 
 
 def m_bucket(m: int) -> int:
@@ -27,20 +27,23 @@ def record(op: str, m: int, n: int, k: int, launches: int, modeled_s: Optional[f
     with _LOCK:
         row = _ROWS.get(key)
         if row is None:
-            row = _ROWS[key] = [0, 0, 0.0]
+            row = _ROWS[key] = [0, 0, 0.0, 0.0]
         row[0] += launches
         row[1] += m
         row[2] += modeled_s or 0.0
+        row[3] += 2.0 * m * n * k * launches
 
 
 def snapshot() -> dict:
-    """{"gemm": {op: [{"m_bucket", "n", "k", "launches", "tokens", "modeled_ms"}, ...]}} (sorted by M)."""
+    """{"gemm": {op: [{"m_bucket", "n", "k", "launches", "tokens", "flops", "modeled_ms"}, ...]}} sorted by M;
+    tokens = the sum of M over the steps recorded (not times launches); modeled_ms None without device rates."""
     with _LOCK:
         rows = sorted(_ROWS.items())
     out: dict[str, list[dict]] = {}
-    for (op, mb, n, k), (launches, tokens, secs) in rows:
+    for (op, mb, n, k), (launches, tokens, secs, flops) in rows:
         out.setdefault(op, []).append({"m_bucket": mb, "n": n, "k": k, "launches": int(launches),
-                                       "tokens": int(tokens), "modeled_ms": secs * 1e3 if secs else None})
+                                       "tokens": int(tokens), "flops": flops,
+                                       "modeled_ms": secs * 1e3 if secs else None})
     return {"gemm": out}
 
 
