@@ -108,7 +108,8 @@ async def before_load(session: aiohttp.ClientSession, base_url: str, model: str,
 
     state: dict[str, Any] = {"spec": gate.parse_gate(args.gate), "gate_before": None, "before": None}
     if state["spec"] is not None:
-        state["gate_before"] = await gate.run_once(session, base_url, model, state["spec"], args.gate_data)
+        state["gate_before"] = await gate.run_once(session, base_url, model, state["spec"], args.gate_data,
+                                                   args.gate_max_tokens)
     if args.save_gate:
         run = state["gate_before"] if (state["spec"] or {}).get("kind") == "reference" else \
             await gate.run_once(session, base_url, model, {"kind": "reference"}, None)
@@ -127,7 +128,7 @@ async def after_load(session: aiohttp.ClientSession, base_url: str, model: str, 
     if args.report:
         state["after"] = await collect(session, base_url, HISTORY_STEPS)
     if state["spec"] is not None:
-        after = await gate.run_once(session, base_url, model, state["spec"], args.gate_data)
+        after = await gate.run_once(session, base_url, model, state["spec"], args.gate_data, args.gate_max_tokens)
         state["gate"] = gate.verdict(state["spec"], state["gate_before"], after)
 
 

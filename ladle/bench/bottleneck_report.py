@@ -208,7 +208,7 @@ def correctness(gate: Optional[dict]) -> tuple[list[str], str]:
     lines = [f"Gate: {gate['kind']}; {gate['summary']}"]
     for d in gate.get("details", [])[:20]:
         lines.append(f"- {d}")
-    return lines, f"Correctness gate {'PASSED' if gate['passed'] else 'FAILED'}: {gate['summary']}"
+    return lines, f"Correctness gate {'PASSED' if gate['passed'] else 'FAILED'}: {gate['summary']}."
 
 
 def write_report(out_dir: str, rec: dict, result: dict, gate: Optional[dict]) -> str:

@@ -90,6 +90,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     rep.add_argument("--gate", nargs="+", default=None, metavar="SPEC",
                      help="correctness gate before and after the load: gsm8k[:N] (needs --gate-data) or reference FILE")
     rep.add_argument("--gate-data", default=None, metavar="PATH", help="GSM8K JSONL (first 5 records: the shots)")
+    rep.add_argument("--gate-max-tokens", type=int, default=256, help="gsm8k: most tokens per answer (lm-eval: 256)")
     rep.add_argument("--save-gate", default=None, metavar="FILE",
                      help="write greedy continuations of the gate's fixed prompts (for a later --gate reference FILE)")
 

@@ -3,7 +3,7 @@
 `--gate gsm8k[:N]`: GSM8K, 5-shot, greedy. `--gate-data PATH` is a JSONL of {"question", "answer"} (the answer
 ends in "#### <final>"); its first 5 records are the shots, the next N (default 100) the questions. The prompt is
 the lm-evaluation-harness gsm8k layout ("Question: q\\nAnswer: a\\n\\n" per shot, then "Question: q\\nAnswer:"),
-generation stops at "Question:" (or max 256 tokens), and strict match takes the first "#### <number>" of the
+generation stops at "Question:" (or after `--gate-max-tokens`, default 256), and strict match takes the first "#### <number>" of the
 completion, commas, "$" and a final "." removed (lm-eval's gsm8k strict-match filter and exact_match settings).
 Passes when every question's extracted answer is the same before and after the load (so the accuracy is too).
 
@@ -103,7 +103,7 @@ async def _room(session: aiohttp.ClientSession, base_url: str, model: str, promp
 
 
 async def run_once(session: aiohttp.ClientSession, base_url: str, model: str, spec: dict,
-                   gate_data: Optional[str]) -> dict[str, Any]:
+                   gate_data: Optional[str], max_tokens: int = GSM8K_MAX_TOKENS) -> dict[str, Any]:
     """One pass: {"answers" | "continuations": [...], "accuracy"?}."""
     url = base_url + "/v1/completions"
     if spec["kind"] == "gsm8k":
@@ -112,7 +112,7 @@ async def run_once(session: aiohttp.ClientSession, base_url: str, model: str, sp
         prompts, gold = gsm8k_prompts(gate_data, spec["n"])
         answers = []
         for p in prompts:
-            room = await _room(session, base_url, model, p, GSM8K_MAX_TOKENS)
+            room = await _room(session, base_url, model, p, max_tokens)
             answers.append(strict_answer((await _complete(session, url, model, p, room, ["Question:"]))[0]))
         return {"answers": answers, "gold": gold, "accuracy": sum(a == g for a, g in zip(answers, gold)) / len(gold)}
     conts = []

@@ -78,10 +78,14 @@ class StepObserver:
         if self._core_id != id(core):
             self._attach(core)
         chunks = scheduler_output.chunks
-        seq_lens = [c.start_position + len(c.token_ids) for c in chunks]
-        num_tokens = sum(len(c.token_ids) for c in chunks)
-        sampled = sum(1 for c in chunks if c.sample) + sum(c.prompt_logprob_positions for c in chunks)
-        prefill = sum(len(c.token_ids) for c in chunks if len(c.token_ids) > 1)
+        seq_lens, num_tokens, sampled, prefill = [], 0, 0, 0
+        for c in chunks:  # one pass: this loop is most of the recording cost at large batches
+            n = len(c.token_ids)
+            seq_lens.append(c.start_position + n)
+            num_tokens += n
+            sampled += c.sample + c.prompt_logprob_positions
+            if n > 1:
+                prefill += n
         stats = core.scheduler.get_stats()
         delays = _admission_delays(core.scheduler, scheduler_output)
         rec: dict[str, Any] = {
