@@ -19,6 +19,7 @@ recorded step (ladle/observe/rates.py), else are absent (null) and no roofline i
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from ladle.observe.plan import (ModelPlan, StepBatch, plan_from_model, plane_tot
                                 step_bytes, step_gemm_shapes)
 
 HISTORY = 4096  # steps kept for /debug/steps
+logger = logging.getLogger(__name__)
 
 
 class StepObserver:
@@ -43,6 +45,7 @@ class StepObserver:
         self.timing_interval = 0  # 0: no GPU timing
         self._cuda = False
         self._index = 0
+        self._failed = False
         self.reset()
 
     def reset(self) -> None:
@@ -66,7 +69,16 @@ class StepObserver:
         return time.perf_counter(), event
 
     def end(self, core: Any, scheduler_output: Any, token: tuple[float, Any]) -> None:
-        """Record the step `core` just ran for `scheduler_output` (ladle.core.outputs.SchedulerOutput)."""
+        """Record the step `core` just ran for `scheduler_output` (ladle.core.outputs.SchedulerOutput). A failure
+        here is logged once and never reaches the engine loop (observing must not stop serving)."""
+        try:
+            self._end(core, scheduler_output, token)
+        except Exception:  # noqa: BLE001
+            if not self._failed:
+                self._failed = True
+                logger.exception("step recording failed; /debug/steps may be incomplete")
+
+    def _end(self, core: Any, scheduler_output: Any, token: tuple[float, Any]) -> None:
         gpu_ms = None
         if token[1] is not None:
             import torch

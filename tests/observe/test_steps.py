@@ -114,3 +114,10 @@ def test_build_app_serves_the_debug_endpoints():
         for path in ("/debug/shapes", "/debug/steps", "/debug/dispatch"):
             r = c.get(path)
             assert r.status_code == 200 and isinstance(r.json(), dict), path
+
+
+def test_a_recording_failure_never_reaches_the_engine():
+    obs = steps.StepObserver()
+    broken = SimpleNamespace(runner=None, scheduler=None)  # no get_stats: recording raises inside
+    obs.end(broken, SchedulerOutput(), obs.begin())
+    assert obs.snapshot()["totals"] == {}
