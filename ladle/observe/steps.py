@@ -129,7 +129,8 @@ class StepObserver:
         if model is not None and specs is not None and hasattr(model, "named_modules"):
             dtype = getattr(runner, "dtype", None)
             act = int(getattr(dtype, "itemsize", 0) or 4)
-            kv = getattr(runner, "kv_cache_dtype_bytes", None)
+            caches = getattr(runner, "kv_caches", None)  # the KV element size as allocated (an fp8 cache: 1)
+            kv = caches[0].key_cache.element_size() if caches and hasattr(caches[0], "key_cache") else None
             self.plan = plan_from_model(model, specs, act, kv)
         cfg = getattr(runner, "runner_config", None)
         device = str(getattr(runner, "device", "cpu"))

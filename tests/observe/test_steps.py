@@ -121,3 +121,14 @@ def test_a_recording_failure_never_reaches_the_engine():
     broken = SimpleNamespace(runner=None, scheduler=None)  # no get_stats: recording raises inside
     obs.end(broken, SchedulerOutput(), obs.begin())
     assert obs.snapshot()["totals"] == {}
+
+
+def test_kv_bytes_follow_the_allocated_cache_dtype(model):
+    """KV bytes per token use the allocated cache element size (1 byte: an fp8 cache); activations the model dtype."""
+    import torch
+
+    core = _fake_core(model, 1)
+    core.runner.kv_caches = [SimpleNamespace(key_cache=torch.zeros(1, dtype=torch.uint8))]
+    obs = steps.StepObserver()
+    obs.end(core, SchedulerOutput(chunks=[ScheduledChunk("r", [1], 0, [1], True)]), obs.begin())
+    assert obs.plan.kv_bytes_per_token == 2 * (2 * 2 * 16) * 1 and obs.plan.act_bytes == 4
