@@ -83,6 +83,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     lad.add_argument("--agentic-block-size", type=int, default=None, help="server KV block size (default /version)")
     lad.add_argument("--agentic-vocab-size", type=int, default=None)
     lad.add_argument("--agentic-salt", type=int, default=None, help="fix the token salt (default random per run)")
+    rep = p.add_argument_group("bottleneck report and correctness gate (ladle/bench/bottleneck.py, gate.py)")
+    rep.add_argument("--report", default=None, metavar="DIR",
+                     help="write DIR/report.md (five sections + Correctness), report.json and PNG plots from the "
+                          "server's /debug/shapes, /debug/dispatch and /debug/steps before and after the load")
+    rep.add_argument("--gate", nargs="+", default=None, metavar="SPEC",
+                     help="correctness gate before and after the load: gsm8k[:N] (needs --gate-data) or reference FILE")
+    rep.add_argument("--gate-data", default=None, metavar="PATH", help="GSM8K JSONL (first 5 records: the shots)")
+    rep.add_argument("--gate-max-tokens", type=int, default=256, help="gsm8k: most tokens per answer (lm-eval: 256)")
+    rep.add_argument("--save-gate", default=None, metavar="FILE",
+                     help="write greedy continuations of the gate's fixed prompts (for a later --gate reference FILE)")
 
 
 def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -101,7 +111,10 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("--burstiness must be positive")
     if args.num_prompts <= 0:
         raise ValueError("--num-prompts must be positive")
+    from ladle.bench.gate import parse_gate
     from ladle.bench.metrics import parse_goodput
+
+    parse_gate(args.gate)
 
     parse_goodput(args.goodput)
     return args

@@ -21,7 +21,7 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from ladle.bench import agentic, report, server_info
+from ladle.bench import agentic, bottleneck, report, server_info
 from ladle.bench.agentic_replay import replay
 from ladle.bench.metrics import usage_prefix_hit_rate
 from ladle.bench.request import RequestInput, RequestOutput, send_request
@@ -183,6 +183,7 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
             raise (RuntimeError(f"{refused}; and {e}") if refused else e) from None
         wl.info["server_block_size"] = server_info.block_size_from(version, metrics_start)
         runner = Runner(args, session, base_url, api_url, model_name)
+        observed = await bottleneck.before_load(session, base_url, model_name, args)  # gate pass 1, record before
         agentic_stats = None
         if args.dataset_name == "agentic":
             outputs, dur, agentic_stats = await _run_agentic(runner, wl)
@@ -195,6 +196,7 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
             wl.info["warmup_failed"] = sum(not o.success for o in warm)
             outputs, dur = await runner.run_fixed(inputs)
         metrics_after = await server_info.get_metrics(session, base_url)
+        await bottleneck.after_load(session, base_url, model_name, args, observed)  # record after, gate pass 2
     count = None
     if wl.tokenizer is not None and any(o.success and not o.output_tokens for o in outputs):
         count = lambda text: len(wl.tokenizer.encode(text))  # noqa: E731
@@ -207,6 +209,7 @@ async def run_serve(args: argparse.Namespace, argv: list[str] | None = None) -> 
     result = report.build_result(args, model_id, wl.tokenizer_id, outputs, dur, count)
     result["ladle"] = report.ladle_section(args, argv, outputs, result, wl.info, server, agentic_stats)
     report.print_summary(args, result)
+    bottleneck.finish(args, observed, result)
     if refused and not any(o.success for o in outputs):
         print(f"ladle bench: error: {refused}", file=sys.stderr)
     if args.save_result:

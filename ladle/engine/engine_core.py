@@ -20,6 +20,7 @@ from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_STOP, EngineOu
 from ladle.core.request import Request
 from ladle.core.sampling_params import SamplingParams
 from ladle.core.scheduler import Scheduler, SchedulerStats
+from ladle.observe import steps as observe_steps
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class EngineCore:
 
     def step(self) -> list[EngineOutput]:
         """One engine step. Returns the EngineOutputs of this step (tokens, finishes, failures)."""
+        observed = observe_steps.begin()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty and not (scheduler_output.finished_request_ids
                                               or scheduler_output.preempted_request_ids):
@@ -117,7 +119,9 @@ class EngineCore:
             logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
             # the runner drops their state itself: fail_requests reports them in the next finished_request_ids
             return self.scheduler.fail_requests(ids, f"{type(exc).__name__}: {exc}")
-        return self.scheduler.update(scheduler_output, runner_output)
+        outputs = self.scheduler.update(scheduler_output, runner_output)
+        observe_steps.end(self, scheduler_output, observed)
+        return outputs
 
     def is_healthy(self) -> bool:
         """False once the runner reports itself dead (a tensor-parallel rank process exited)."""

@@ -257,6 +257,8 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
     async def debug_dispatch() -> JSONResponse:
         return JSONResponse(_dispatch_snapshot())
 
+    from ladle.server.debug import router as debug_router  # /debug/shapes, /debug/steps (issue 15)
+    app.include_router(debug_router)
     app.add_middleware(EdgeMiddleware, api_key=server_config.api_key,
                        max_body_bytes=server_config.max_request_body_bytes)
     return app
