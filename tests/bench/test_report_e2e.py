@@ -2,7 +2,7 @@
 model (SmolLM2-135M on CPU), then `--gate reference FILE` with the file the first run saved. The report's numbers
 must come from the run: the shape histogram's tokens equal the tokens the run scheduled (prompt tokens + every
 output token but the last, with prefix caching off), and the fast-path table's calls equal the kernel launches of
-section 1. Slow: server start-up and the 2 x 5 GSM8K questions (answers capped at 48 tokens to keep it near a minute)."""
+section 1. Slow: server start-up and the 2 x 5 GSM8K-format questions (answers capped at 48 tokens to keep it near a minute)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import pytest
 from ladle_serve_process import LadleServeProcess  # tests/ladle_serve_process.py
 
 pytestmark = pytest.mark.slow
-GSM8K = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 SECTIONS = ["1. Local shapes", "2. Repeated work", "3. Bytes moved", "4. Fast paths", "5. Queues", "Correctness"]
 
 
@@ -43,11 +42,21 @@ def _bench(url: str, tmp_path: pathlib.Path, name: str, extra: list[str]) -> dic
     return json.loads((tmp_path / name).read_text())
 
 
-@pytest.mark.skipif(not GSM8K.exists(), reason="../shared/data/gsm8k/test.jsonl is not there")
+def _gsm8k_format_data(path: pathlib.Path) -> pathlib.Path:
+    """5 shots + 5 questions in GSM8K's JSONL layout (answer ends in "#### <final>"), written here so the test runs
+    in a clone without the third-party data (the gate's mechanism is under test, not the model's maths)."""
+    rows = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+             "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"} for a, b in
+            [(2, 3), (4, 1), (7, 2), (5, 5), (3, 6), (1, 1), (8, 1), (2, 2), (6, 3), (4, 4)]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def test_report_and_gates_against_ladle_serve(ladle_server, tmp_path):
     out, ref = tmp_path / "report", tmp_path / "gate_ref.json"
+    data = _gsm8k_format_data(tmp_path / "gsm8k_format.jsonl")
     r = _bench(ladle_server, tmp_path, "a.json", ["--report", str(out), "--gate", "gsm8k:5", "--gate-data",
-                                                  str(GSM8K), "--gate-max-tokens", "48", "--save-gate", str(ref)])
+                                                  str(data), "--gate-max-tokens", "48", "--save-gate", str(ref)])
     md = (out / "report.md").read_text()
     assert re.findall(r"^## (.+)$", md, re.M) == SECTIONS
     for body in re.split(r"^## .+$", md, flags=re.M)[1:]:  # each section ends with its one-sentence headline
