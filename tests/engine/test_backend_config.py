@@ -100,7 +100,8 @@ def test_engine_config_resolution_reports_what_is_in_effect():
     assert (runner.attention_backend, runner.moe_backend, runner.fused_norms) == ("TORCH", "triton", True)
     assert json.loads(json.dumps(resolve_engine_config(cfg, dict(TINY_LLAMA)).to_dict()))["runner"] == {
         "attention_backend": "TORCH", "moe_backend": "triton", "fused_norms": True, "cuda_graph_sizes": [],
-        "enforce_eager": False, "dispatch_report": False}
+        "enforce_eager": False, "dispatch_report": False, "observe_timing": False, "observe_timing_interval": 16,
+        "observe_copy_bandwidth": 0.0, "observe_gemm_rate": 0.0}
     with pytest.raises(ConfigError, match="--attention-backend FLASHINFER: a vLLM backend"):
         resolve_engine_config(EngineConfig(model=ModelConfig(device="cpu"),
                                            runner=RunnerConfig(attention_backend="FLASHINFER")), dict(TINY_LLAMA))
