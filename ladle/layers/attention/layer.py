@@ -45,7 +45,9 @@ class Attention(nn.Module):
     forward(q, k, v, index_q=None, index_k=None) -> [T, Hq*D] in q's dtype.
       q [T, Hq*D] or [T, Hq, D]; k, v [T, Hkv*D] or [T, Hkv, D] (row-strided views of a fused qkv output are fine);
       index_q [T, ni, di] (ni = num_kv_heads) and index_k [T, di] for MSA layers, post-norm post-RoPE.
-    Writes K/V (and index-K) at `slot_mapping` (skipping -1) into `ctx.kv_caches[layer_idx]`. No parameters.
+    Writes K/V (and index-K) at `slot_mapping` (skipping -1) into `ctx.kv_caches[layer_idx]`, quantized with the
+    cache's per-tensor scales when the cache is FP8 (`LayerKVCache.k_scale` / `v_scale` / `index_k_scale`, passed to
+    every store and read op). No parameters.
     MSA layers: when `ctx.extras.get("record_msa_selection")` is truthy, the step's selected_block_ids
     [Hkv, T, topk] int32 (ARCHITECTURE.md "MSA selection") are left in
     `ctx.extras["msa_selected_block_ids"][layer_idx]`.
@@ -72,21 +74,25 @@ class Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        store_kvcache(k, v, cache.key_cache, cache.value_cache, md.slot_mapping, use_triton=use_triton)
+        scales = dict(k_scale=cache.k_scale, v_scale=cache.v_scale)
+        store_kvcache(k, v, cache.key_cache, cache.value_cache, md.slot_mapping, use_triton=use_triton, **scales)
         if self.msa is None:
-            out = paged_attention(q, cache.key_cache, cache.value_cache, md, self.scale, use_triton=use_triton)
+            out = paged_attention(q, cache.key_cache, cache.value_cache, md, self.scale, use_triton=use_triton,
+                                  **scales)
             return out.reshape(num_tokens, self.num_heads * self.head_dim)
         msa = self.msa
         assert index_q is not None and index_k is not None and cache.index_key_cache is not None
         assert md.block_size == msa.block_size == cache.key_cache.shape[1], \
             f"KV block size {md.block_size} must equal the MSA block size {msa.block_size}"
-        store_index_kcache(index_k, cache.index_key_cache, md.slot_mapping, use_triton=use_triton)
+        store_index_kcache(index_k, cache.index_key_cache, md.slot_mapping, index_k_scale=cache.index_k_scale,
+                           use_triton=use_triton)
         selected = msa_indexer(index_q, cache.index_key_cache, md.block_table, md.positions, md.query_start_loc,
-                               msa.topk_blocks, local_blocks=msa.local_blocks, use_triton=use_triton)
+                               msa.topk_blocks, local_blocks=msa.local_blocks, index_k_scale=cache.index_k_scale,
+                               use_triton=use_triton)
         if ctx.extras.get("record_msa_selection"):
             ctx.extras.setdefault("msa_selected_block_ids", {})[self.layer_idx] = selected
         out = msa_sparse_attention(q, cache.key_cache, cache.value_cache, md.block_table, selected, md.positions,
-                                   md.query_start_loc, self.scale, use_triton=use_triton)
+                                   md.query_start_loc, self.scale, use_triton=use_triton, **scales)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 
     def kv_cache_spec(self) -> LayerCacheSpec:
