@@ -101,3 +101,22 @@ def test_fp8_preemption_and_recompute_equal_no_preemption(model):
     assert _tokens(tight) == _tokens(roomy)
     stats = tight_bundle.core.get_stats()
     assert stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_checkpoint_kv_scales_reach_the_fp8_cache():
+    """HF FP8-KV checkpoints carry per-tensor `self_attn.k_scale` / `v_scale` (or `kv_scale`): the Llama loader
+    keeps them and the runner puts them into the FP8 caches (auto caches ignore them); the engine still runs."""
+    model = tiny_model(seed=0)
+    loaded = model.load_weights([("model.layers.0.self_attn.k_scale", torch.tensor(0.5)),
+                                 ("model.layers.1.self_attn.kv_scale", torch.tensor([2.0])),
+                                 ("model.layers.0.self_attn.v_proj.output_scale", torch.tensor(0.25))])
+    assert loaded == set()  # no parameter was written
+    assert model.kv_cache_scales() == [(0.5, 0.25), (2.0, 2.0)]
+    fp8 = make_bundle(model, kv_cache_dtype=FP8)
+    assert [(c.k_scale, c.v_scale) for c in fp8.core.runner.kv_caches] == [(0.5, 0.25), (2.0, 2.0)]
+    auto = make_bundle(model)
+    assert [(c.k_scale, c.v_scale) for c in auto.core.runner.kv_caches] == [(1.0, 1.0), (1.0, 1.0)]
+    outs = LLM(bundle=fp8).generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
+    with pytest.raises(ValueError, match="per-tensor"):
+        model.load_weights([("model.layers.0.self_attn.k_scale", torch.ones(2))])

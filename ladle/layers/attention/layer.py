@@ -11,8 +11,9 @@ With Triton the whole forward is graph-safe (no host mirrors, no host syncs).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -63,6 +64,10 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.msa = msa
+        # per-tensor FP8 KV-cache scales (float32 values) from the checkpoint, 1.0 when it has none; the runner
+        # copies them into LayerKVCache (via the model's `kv_cache_scales()`) when --kv-cache-dtype is fp8
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: Optional[torch.Tensor] = None,
                 index_k: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -105,3 +110,32 @@ class Attention(nn.Module):
         sparse = f", msa={self.msa}" if self.msa is not None else ""
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
                 f"layer_idx={self.layer_idx}{sparse}")
+
+
+# Checkpoint names of per-tensor KV-cache scales in Hugging Face FP8-KV checkpoints (the names vLLM reads):
+# `...layers.N.self_attn.k_scale` / `v_scale`, the older single `kv_scale`, and `k_proj.output_scale` /
+# `v_proj.output_scale`.
+_KV_SCALE_NAME = re.compile(
+    r".*layers\.(?P<layer>\d+)\.self_attn\.(?:(?P<kv>[kv])_scale|kv_scale|(?P<proj>[kv])_proj\.output_scale)")
+
+
+def take_kv_scales(weights: Iterable[tuple[str, torch.Tensor]],
+                   attn_layers: list[Attention]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass every checkpoint tensor through, except KV-cache scales (`_KV_SCALE_NAME`), which are stored as floats
+    on `attn_layers[N].k_scale` / `v_scale` (kv_scale: both). A scale must be one positive number (per-head
+    scales are refused with ValueError, not averaged)."""
+    for name, tensor in weights:
+        m = _KV_SCALE_NAME.fullmatch(name)
+        if m is None:
+            yield name, tensor
+            continue
+        if tensor.numel() != 1 or not float(tensor.reshape(-1)[0]) > 0:
+            raise ValueError(f"{name}: a KV-cache scale must be one positive number (per-tensor), got shape "
+                             f"{tuple(tensor.shape)}")
+        layer = attn_layers[int(m.group("layer"))]
+        which = m.group("kv") or m.group("proj") or "kv"
+        value = float(tensor.float().reshape(-1)[0])
+        if "k" in which:
+            layer.k_scale = value
+        if "v" in which:
+            layer.v_scale = value
