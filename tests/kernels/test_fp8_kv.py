@@ -37,8 +37,10 @@ def _junk_cache(shape, dtype, g) -> torch.Tensor:
     return (torch.randn(shape, generator=g) * 4).to(dtype)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", FP8)
-def test_store_quantizes_like_reference_and_saturates(dtype):
+def test_store_quantizes_like_reference_and_saturates(dtype, device):
+    """CPU: the interpreter; CUDA (marked): the compiled kernel, same bytes as the reference."""
     g = torch.Generator().manual_seed(11)
     T, hkv, d, nb, bs = 13, 2, 16, 6, 4
     k = torch.randn(T, hkv, d, generator=g) * 3
@@ -49,7 +51,9 @@ def test_store_quantizes_like_reference_and_saturates(dtype):
     kc = _junk_cache((nb, bs, hkv, d), dtype, g)
     vc = _junk_cache((nb, bs, hkv, d), dtype, g)
     kc_ref, vc_ref = kc.clone(), vc.clone()
-    store_kvcache(k, v, kc, vc, slots, k_scale=K_SCALE, v_scale=V_SCALE, use_triton=True)
+    dev = [t.to(device) for t in (k, v, kc, vc, slots)]
+    store_kvcache(*dev, k_scale=K_SCALE, v_scale=V_SCALE, use_triton=True)
+    kc, vc = dev[2].cpu(), dev[3].cpu()
     store_kvcache_ref(k, v, kc_ref, vc_ref, slots, K_SCALE, V_SCALE)
     assert torch.equal(_bytes(kc), _bytes(kc_ref)) and torch.equal(_bytes(vc), _bytes(vc_ref))
     flat = kc.view(-1, hkv, d)
