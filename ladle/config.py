@@ -59,8 +59,8 @@ class CacheConfig:
     gpu_memory_utilization: float = _f(0.9, "--gpu-memory-utilization", "fraction of GPU memory ladle may use")
     enable_prefix_caching: bool = _f(True, "--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
     kv_cache_dtype: str = _f(
-        "auto", "--kv-cache-dtype", "auto (= model dtype); other values (fp8, ...) are refused until an FP8 KV cache "
-        "exists")
+        "auto", "--kv-cache-dtype", "auto (= model dtype), fp8 (= fp8_e4m3) or fp8_e5m2: the K/V and index-K cache "
+        "dtype (FP8 with per-tensor scales: a Llama checkpoint's k_scale/v_scale, else 1.0); other values are refused")
 
 
 @dataclass(frozen=True)

@@ -181,14 +181,20 @@ def resolve_expert_parallel(enable: bool, tensor_parallel_size: int, hf_config: 
     return True
 
 
+# ladle's values of --kv-cache-dtype (ladle/runner/kv_cache.py KV_CACHE_DTYPES maps them to torch dtypes).
+LADLE_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
 def resolve_kv_cache_dtype(kv_cache_dtype: str) -> str:
-    """Only auto (the KV cache stores the model dtype, which --dtype picks) until an FP8 KV cache lands."""
-    if kv_cache_dtype == "auto":
-        return "auto"
+    """auto (the KV cache stores the model dtype, which --dtype picks), or FP8 K/V and index-K caches: fp8 (vLLM's
+    alias, resolved to fp8_e4m3), fp8_e4m3, fp8_e5m2. Any other value is refused, naming what ladle offers."""
+    if kv_cache_dtype in LADLE_KV_CACHE_DTYPES:
+        return "fp8_e4m3" if kv_cache_dtype == "fp8" else kv_cache_dtype
     why = ("a vLLM KV cache dtype that ladle does not implement yet" if kv_cache_dtype in VLLM_KV_CACHE_DTYPES
            else "not a KV cache dtype ladle or vLLM knows")
     raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype}: {why}; ladle offers auto (the KV cache stores the model "
-                      "dtype: float32 on CPU, bfloat16/float16 on CUDA, set with --dtype)")
+                      "dtype: float32 on CPU, bfloat16/float16 on CUDA, set with --dtype), fp8 (= fp8_e4m3) and "
+                      "fp8_e5m2 (FP8 K/V and index-K caches with per-tensor scales)")
 
 
 def _language_model_only(value: bool) -> bool:

@@ -107,7 +107,50 @@ def pow2_dot_reason(x: torch.Tensor, cache: torch.Tensor, dim_name: str) -> Opti
     return None
 
 
-def decide_triton(op: str, num_tokens: int, use_triton: bool, reason: Optional[str]) -> bool:
-    """Record one dispatch decision for `op` (bucket by `num_tokens`) in ladle.observe.dispatch; returns whether
-    the Triton path runs (asked for by `use_triton` and eligible, i.e. `reason` is None)."""
-    return dispatch.decide(op, dispatch.tokens_bucket(num_tokens), configured=use_triton, ineligible_reason=reason)
+def decide_triton(op: str, num_tokens: int, use_triton: bool, reason: Optional[str],
+                  cache_dtype: Optional[torch.dtype] = None) -> bool:
+    """Record one dispatch decision for `op` (bucket by `num_tokens`, plus " kv=fp8_e4m3" / " kv=fp8_e5m2" when
+    `cache_dtype` is an FP8 KV / index-K cache, so a benchmark names the FP8-KV path) in ladle.observe.dispatch;
+    returns whether the Triton path runs (asked for by `use_triton` and eligible, i.e. `reason` is None)."""
+    bucket = dispatch.tokens_bucket(num_tokens)
+    if cache_dtype is not None and is_fp8(cache_dtype):
+        bucket += f" kv={FP8_KV_NAMES[cache_dtype]}"
+    return dispatch.decide(op, bucket, configured=use_triton, ineligible_reason=reason)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# FP8 KV / index-K caches (the persistent plane, design/kernels_and_limits.md §5 "FP8 KV"): a cache stores
+# round_to_fp8(clamp(x / scale, -max, max)) with one float32 scale per tensor (per layer for K, for V and for
+# index-K); readers dequantize on load, x ~= stored * scale. Saturating cast: e4m3fn has no infinity (an
+# out-of-range value would become NaN), e5m2's would become inf, so values are clamped to the format's finite max.
+
+FP8_KV_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """True for the FP8 cache dtypes (float8_e4m3fn, float8_e5m2)."""
+    return dtype in FP8_KV_NAMES
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    """Largest finite value of an FP8 cache dtype (448 for e4m3fn, 57344 for e5m2; torch.finfo)."""
+    return float(torch.finfo(dtype).max)
+
+
+def check_cache_dtype(x_dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+    """Readers' rule: the cache holds x's dtype (auto) or an FP8 dtype (dequantized on load)."""
+    assert cache_dtype == x_dtype or is_fp8(cache_dtype), f"activations {x_dtype} vs cache {cache_dtype}"
+
+
+def quantize_fp8_ref(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Torch reference of the store-side quantization: float32 x / scale, clamped to +-fp8_max(dtype), cast
+    (round to nearest even) to `dtype`."""
+    limit = fp8_max(dtype)
+    return (x.to(torch.float32) / scale).clamp(-limit, limit).to(dtype)
+
+
+def dequantize_ref(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Torch reference of the load-side dequantization: x (cache rows) in `dtype`, times `scale` (skipped when
+    it is 1.0, so auto caches are read exactly as before)."""
+    x = x.to(dtype)
+    return x if scale == 1.0 else x * scale

@@ -44,6 +44,9 @@ query_start_loc[-1] are written (all -1) by split 0 of the tile programs that li
 at least cdiv(padding, BLOCK_Q) of them).
 Request lookup: binary search over query_start_loc, or, when B < VEC_SEARCH_MAX_REQS (or `vec_search=True`), one
 vector load of it.
+FP8 index-K cache (`--kv-cache-dtype fp8*`): the index-K page is cast to index_q's dtype on load (exact) and the
+per-tensor float32 `index_k_scale` multiplies the pooled block scores (a positive scale commutes with the max);
+the reference dequantizes the gathered keys (stored * index_k_scale). The dispatch bucket carries " kv=fp8_*".
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import decide_triton, interpreting, num_sms, pow2_dot_reason, tl, triton, triton_ok
-from ladle.kernels.paged_attention import gather_sequence
+from ladle.kernels._common import (check_cache_dtype, decide_triton, dequantize_ref, interpreting, num_sms,
+                                   pow2_dot_reason, tl, triton, triton_ok)
+from ladle.kernels.paged_attention import gather_sequence, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
 
@@ -166,7 +170,7 @@ def _select_row(row, out_row, n_vis, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, 
 def _index_score_kernel(
     q_ptr, k_ptr, bt_ptr, pos_ptr, qsl_ptr, score_ptr, out_ptr, cnt_ptr,
     num_reqs, num_tokens, max_blocks,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_bt,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_bt, k_scale,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
     VEC_SEARCH: tl.constexpr, FUSED_TOPK: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr,
@@ -211,14 +215,14 @@ def _index_score_kernel(
         page = page_next
         # prefetch the next page id so its (dependent) load overlaps this block's K tile
         page_next = tl.load(bt_row + b + NUM_SPLITS, mask=b + NUM_SPLITS < n_blocks, other=0).to(tl.int64)
-        k = tl.load(k_ptr + page * stride_kb + k_off)  # [BS, D]
+        k = tl.load(k_ptr + page * stride_kb + k_off).to(q.dtype)  # [BS, D]; FP8 cache: raw values (exact cast)
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong): exact fp32 products
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BS] fp32
         j = b * BLOCK_SIZE + offs_s
         s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
-        best = tl.max(s, axis=1)  # [BLOCK_M]
+        best = tl.max(s, axis=1) * k_scale  # [BLOCK_M]
         tl.store(out_row + b, best, mask=row_ok & (b < row_blocks))
     if FUSED_TOPK:  # the last of the tile's NUM_SPLITS programs selects; counter protocol in split_counters.py
         if NUM_SPLITS == 1:
@@ -273,6 +277,7 @@ def msa_indexer_triton(
     num_stages: Optional[int] = None,  # None: 2 when decode-shaped (T <= B), else 3 (H200 sweep, see below)
     fused_topk: Optional[bool] = None,  # None: FUSED_TOPK and T <= B (decode-shaped); True: fused for any shape
     vec_search: Optional[bool] = None,  # None: B < VEC_SEARCH_MAX_REQS
+    index_k_scale: float = 1.0,  # per-tensor scale of an FP8 index-K cache (stored * scale)
 ) -> torch.Tensor:
     """Triton indexer. Returns `selected_block_ids [Hkv, T, topk] int32` (layout in the module docstring).
 
@@ -287,7 +292,7 @@ def msa_indexer_triton(
     nb_total, bs, Dk = index_k_cache.shape
     B, max_blocks = block_table.shape
     assert Dk == D, f"index_q dim {D} != index_k_cache dim {Dk}"
-    assert index_q.dtype == index_k_cache.dtype, f"{index_q.dtype} vs {index_k_cache.dtype}"
+    check_cache_dtype(index_q.dtype, index_k_cache.dtype)
     assert index_q.stride(-1) == 1 and index_k_cache.is_contiguous()
     assert block_table.dtype == torch.int32 and block_table.stride(1) == 1
     assert query_start_loc.shape == (B + 1,) and query_start_loc.dtype == torch.int32
@@ -320,7 +325,7 @@ def msa_indexer_triton(
         index_q, index_k_cache, block_table, positions, query_start_loc, scores, out, counters,
         B, T, max_blocks,
         index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
-        NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
+        float(index_k_scale), NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
         REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=bool(vec_search),
         FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), FUSED_TOPK=bool(fused), TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), NB_P2=nb_p2, RANK_SELECT=nb_p2 <= 128,
@@ -346,16 +351,20 @@ def msa_indexer_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor,
 
 def msa_indexer(
     index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
-    query_start_loc: torch.Tensor, topk: int, *, local_blocks: int = 1, use_triton: bool = True, **kwargs,
+    query_start_loc: torch.Tensor, topk: int, *, local_blocks: int = 1, index_k_scale: float = 1.0,
+    use_triton: bool = True, **kwargs,
 ) -> torch.Tensor:
     """Block selection for this step's tokens: `msa_indexer_triton` when asked for (`use_triton`, the backend) and
     `msa_indexer_ineligible` passes, else `msa_indexer_ref`; recorded as op "msa_indexer". Arguments as
-    `msa_indexer_triton` plus local_blocks (forced blocks per token); kwargs are Triton launch options.
-    Returns selected_block_ids [Hkv, T, topk] int32 (module docstring layout)."""
+    `msa_indexer_triton` plus local_blocks (forced blocks per token); index_k_scale: the FP8 index-K cache's
+    per-tensor scale; kwargs are Triton launch options. Returns selected_block_ids [Hkv, T, topk] int32 (module
+    docstring layout)."""
     reason = msa_indexer_ineligible(index_q, index_k_cache, local_blocks)
-    if decide_triton(OP, index_q.shape[0], use_triton, reason):
-        return msa_indexer_triton(index_q, index_k_cache, block_table, positions, query_start_loc, topk, **kwargs)
-    return msa_indexer_ref(index_q, index_k_cache, block_table, positions, query_start_loc, topk, local_blocks)
+    if decide_triton(OP, index_q.shape[0], use_triton, reason, index_k_cache.dtype):
+        return msa_indexer_triton(index_q, index_k_cache, block_table, positions, query_start_loc, topk,
+                                  index_k_scale=index_k_scale, **kwargs)
+    return msa_indexer_ref(index_q, index_k_cache, block_table, positions, query_start_loc, topk, local_blocks,
+                           index_k_scale)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -400,10 +409,10 @@ def msa_select_blocks(block_scores: torch.Tensor, q_positions: torch.Tensor, blo
 
 def msa_indexer_ref(
     index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
-    query_start_loc: torch.Tensor, topk: int, local_blocks: int = 1,
+    query_start_loc: torch.Tensor, topk: int, local_blocks: int = 1, index_k_scale: float = 1.0,
 ) -> torch.Tensor:
     """Plain-torch `msa_indexer` (same contract; local_blocks >= 1): per request, gather index-K through the block
-    table up to its last query position, `msa_block_scores`, `msa_select_blocks`. Reads query_start_loc and
+    table up to its last query position (dequantized: stored * index_k_scale), `msa_block_scores`, `msa_select_blocks`. Reads query_start_loc and
     positions on the host (a sync; reference only). Returns [Hkv, T, topk] int32."""
     T, H, _ = index_q.shape
     out = torch.full((H, T, topk), -1, dtype=torch.int32, device=index_q.device)
@@ -413,7 +422,8 @@ def msa_indexer_ref(
         t0, t1 = qsl[r], qsl[r + 1]
         if t1 == t0 or max(pos_host[t0:t1]) < 0:
             continue
-        keys = gather_sequence(index_k_cache, block_table[r], max(pos_host[t0:t1]) + 1)
+        keys = dequantize_ref(gather_sequence(index_k_cache, block_table[r], max(pos_host[t0:t1]) + 1),
+                              index_k_scale, reference_dtype(index_q.dtype))
         pos = positions[t0:t1].long()
         scores = msa_block_scores(index_q[t0:t1], keys, pos, bs)
         out[:, t0:t1] = msa_select_blocks(scores, pos, bs, topk, local_blocks)

@@ -26,6 +26,11 @@ default the module flag FUSED_MERGE = True):
 `msa_sparse_attention` is the entry point (use_triton + the eligibility rule `msa_sparse_attention_ineligible`,
 recorded as op "msa_sparse_attention"); `msa_sparse_attention_ref` the torch reference.
 
+FP8 KV caches (`--kv-cache-dtype fp8*`): K/V tiles are cast to q's dtype on load (exact), k_scale is folded into
+the softmax scale and v_scale into the accumulator before it is stored (final output or split partial; the merge
+is linear in the accumulators); the reference dequantizes the gathered rows. The dispatch bucket carries
+" kv=fp8_*".
+
 Request lookup: a program finds its token's request by a binary search over query_start_loc (log2(B) dependent
 loads), or, when B < VEC_SEARCH_MAX_REQS (or `vec_search=True`), by one vector load of query_start_loc.
 """
@@ -37,8 +42,8 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import (LOG2E, check_cache_pair, decide_triton, interpreting, num_sms, pow2_dot_reason,
-                                   tl, triton, triton_ok)
+from ladle.kernels._common import (LOG2E, check_cache_dtype, check_cache_pair, decide_triton, dequantize_ref,
+                                   interpreting, num_sms, pow2_dot_reason, tl, triton, triton_ok)
 from ladle.kernels.msa_sparse_attention_merge import _merge_kernel, merge_group
 from ladle.kernels.paged_attention import gather_sequence, masked_attention_ref, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
@@ -82,7 +87,7 @@ def _token_request_vec(qsl_ptr, t, num_reqs, REQS_P2: tl.constexpr):
 @triton.jit
 def _sparse_attn_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, sel_ptr, pos_ptr, qsl_ptr, out_ptr, pacc_ptr, pml_ptr, cnt_ptr,
-    num_reqs, num_tokens, sm_scale_log2,
+    num_reqs, num_tokens, sm_scale_log2, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SLOTS_PER_SPLIT: tl.constexpr,
@@ -126,9 +131,9 @@ def _sparse_attn_kernel(
         else:  # many slots per program (prefill): scalar loads pipeline better than per-slot vector reductions
             b = tl.load(sel_row + k)
             page = tl.load(bt_ptr + r * stride_bt + b).to(tl.int64)
-        kt = tl.load(k_ptr + page * stride_kb + kv_off)
+        kt = tl.load(k_ptr + page * stride_kb + kv_off).to(q.dtype)  # FP8 cache: raw values (exact cast)
         if SPLIT_DECODE:  # decode: issue V with K so both tiles are in flight together (few iterations per program)
-            vt = tl.load(v_ptr + page * stride_kb + kv_off)
+            vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
@@ -142,13 +147,14 @@ def _sparse_attn_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not SPLIT_DECODE:
-            vt = tl.load(v_ptr + page * stride_kb + kv_off)
+            vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
         if FP32_IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
                                                 input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
         m_i = m_new
+    acc = acc * v_scale
 
     if NUM_SPLITS == 1:
         l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -199,6 +205,8 @@ def msa_sparse_attention_triton(
     num_stages: Optional[int] = None,  # default 2 (H200 sweep, gpu_m3_suite run 2)
     fused_merge: Optional[bool] = None,  # None: FUSED_MERGE; only matters when num_splits > 1
     vec_search: Optional[bool] = None,  # None: B < VEC_SEARCH_MAX_REQS
+    k_scale: float = 1.0,  # per-tensor scales of FP8 caches (stored * scale)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation).
 
@@ -209,7 +217,7 @@ def msa_sparse_attention_triton(
     T, Hq, D = q.shape
     nb, bs, Hkv, Dk = key_cache.shape
     assert Dk == D and Hq % Hkv == 0, f"q {tuple(q.shape)} vs cache {tuple(key_cache.shape)}"
-    assert q.dtype == key_cache.dtype, f"{q.dtype} vs {key_cache.dtype}"
+    check_cache_dtype(q.dtype, key_cache.dtype)
     assert q.stride(-1) == 1
     Hs, Ts, topk = selected_block_ids.shape
     assert (Hs, Ts) == (Hkv, T), f"selected_block_ids must be [Hkv={Hkv}, T={T}, topk], got {(Hs, Ts, topk)}"
@@ -245,7 +253,7 @@ def msa_sparse_attention_triton(
     big = bs * D >= 128 * 128
     _sparse_attn_kernel[(T, Hkv, num_splits)](
         q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out, pacc, pml,
-        counters, B, T, scale * LOG2E,
+        counters, B, T, scale * LOG2E * k_scale, float(v_scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
@@ -263,17 +271,18 @@ def msa_sparse_attention_triton(
 def msa_sparse_attention(
     q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
     selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
-    scale: Optional[float] = None, *, use_triton: bool = True, **kwargs,
+    scale: Optional[float] = None, *, k_scale: float = 1.0, v_scale: float = 1.0, use_triton: bool = True,
+    **kwargs,
 ) -> torch.Tensor:
     """Sparse attention over the selected blocks: `msa_sparse_attention_triton` when asked for (`use_triton`, the
     backend) and `msa_sparse_attention_ineligible` passes, else `msa_sparse_attention_ref`; recorded as op
-    "msa_sparse_attention". Arguments as `msa_sparse_attention_triton`; kwargs are Triton launch options.
-    Returns [T, Hq, D] in q's dtype."""
+    "msa_sparse_attention". Arguments as `msa_sparse_attention_triton` (k_scale, v_scale: FP8 caches' per-tensor
+    scales); kwargs are Triton launch options. Returns [T, Hq, D] in q's dtype."""
     reason = msa_sparse_attention_ineligible(q, key_cache)
     args = (q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, scale)
-    if decide_triton(OP, q.shape[0], use_triton, reason):
-        return msa_sparse_attention_triton(*args, **kwargs)
-    return msa_sparse_attention_ref(*args)
+    if decide_triton(OP, q.shape[0], use_triton, reason, key_cache.dtype):
+        return msa_sparse_attention_triton(*args, k_scale=k_scale, v_scale=v_scale, **kwargs)
+    return msa_sparse_attention_ref(*args, k_scale=k_scale, v_scale=v_scale)
 
 
 def selection_key_mask(selected_block_ids: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
@@ -290,10 +299,10 @@ def selection_key_mask(selected_block_ids: torch.Tensor, seq_len: int, block_siz
 def msa_sparse_attention_ref(
     q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
     selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
-    scale: Optional[float] = None,
+    scale: Optional[float] = None, k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Plain-torch `msa_sparse_attention` (same contract): per request, gather K/V through the block table up to
-    its last query position and attend under (selected block) AND (j <= p_t), math in float32 (float64 for float64
+    its last query position, dequantize (stored * k_scale / v_scale) and attend under (selected block) AND (j <= p_t), math in float32 (float64 for float64
     inputs; `masked_attention_ref`). Reads query_start_loc and positions on the host (a sync; reference only).
     Tokens outside every request, with position < 0 or with no selected block give 0."""
     T, Hq, D = q.shape
@@ -306,8 +315,8 @@ def msa_sparse_attention_ref(
         if t1 == t0 or max(pos_host[t0:t1]) < 0:
             continue
         seq_len = max(pos_host[t0:t1]) + 1
-        k = gather_sequence(key_cache, block_table[r], seq_len)
-        v = gather_sequence(value_cache, block_table[r], seq_len)
+        k = dequantize_ref(gather_sequence(key_cache, block_table[r], seq_len), k_scale, out.dtype)
+        v = dequantize_ref(gather_sequence(value_cache, block_table[r], seq_len), v_scale, out.dtype)
         pos = positions[t0:t1].long()
         causal = torch.arange(seq_len, device=q.device)[None, :] <= pos[:, None]  # [Tq, S]; pos < 0: nothing
         mask = selection_key_mask(selected_block_ids[:, t0:t1], seq_len, bs) & causal[None]

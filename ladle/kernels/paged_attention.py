@@ -12,6 +12,10 @@ Neither launch grid depends on sequence lengths, so both are capturable given st
 `paged_attention_ref` is the plain-torch reference (see its docstring for the paging rule); it is the TORCH
 backend, the fallback when the Triton rule fails and the oracle in tests. `gather_sequence` and
 `masked_attention_ref` are shared with the MSA references (ladle/kernels/msa_indexer.py, msa_sparse_attention.py).
+
+FP8 KV (`--kv-cache-dtype fp8*`): the caches may be float8_e4m3fn / float8_e5m2 whatever q's dtype; both kernels
+and the reference dequantize on load (stored * k_scale, stored * v_scale, the layer's per-tensor float32 scales),
+and the dispatch bucket carries " kv=fp8_e4m3" (or e5m2).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import check_cache_pair, decide_triton, triton_ok
+from ladle.kernels._common import check_cache_dtype, check_cache_pair, decide_triton, dequantize_ref, triton_ok
 from ladle.kernels.attention_decode import decode_attention
 from ladle.kernels.attention_prefill import prefill_attention
 from ladle.observe import dispatch
@@ -50,7 +54,7 @@ def _check(q, key_cache, value_cache, md) -> None:
     num_kv_heads = key_cache.shape[2]
     assert key_cache.shape[3] == head_dim, f"head_dim {head_dim} != cache {key_cache.shape[3]}"
     assert num_q_heads % num_kv_heads == 0, f"Hq {num_q_heads} not a multiple of Hkv {num_kv_heads}"
-    assert q.dtype == key_cache.dtype, f"q {q.dtype} != cache {key_cache.dtype}"
+    check_cache_dtype(q.dtype, key_cache.dtype)
     num_seqs = md.seq_lens.shape[0]
     assert md.query_start_loc.shape == (num_seqs + 1,), "query_start_loc must be [B+1]"
     assert md.block_table.dim() == 2 and md.block_table.shape[0] == num_seqs, "block_table must be [B, max_blocks]"
@@ -68,12 +72,15 @@ def paged_attention(
     scale: float,
     out: Optional[torch.Tensor] = None,
     *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     use_triton: bool = True,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over the paged cache.
 
     q: [T, Hq, D] (D contiguous; a strided view into fused qkv is fine). key_cache/value_cache:
-    [num_blocks, block_size, Hkv, D], q's dtype. attn_metadata: an AttentionMetadata (query_start_loc [B+1],
+    [num_blocks, block_size, Hkv, D], q's dtype or FP8 (dequantized on load with the per-tensor float32 k_scale /
+    v_scale). attn_metadata: an AttentionMetadata (query_start_loc [B+1],
     seq_lens [B], block_table [B, max_blocks], all int32; block_size; max_query_len; host mirrors for the
     reference). scale: softmax scale (usually D**-0.5). Returns out [T, Hq, D] in q's dtype; padding rows past
     `num_actual_tokens` are zero. use_triton: the backend asked for (`OpBackends.triton_attention`); Triton runs
@@ -85,15 +92,16 @@ def paged_attention(
     decode = md.max_query_len == 1
     op = "attn_decode" if decode else "attn_prefill"
     reason = eligibility(q, key_cache, md)
-    if not decide_triton(op, q.shape[0], use_triton, reason):
-        return paged_attention_ref(q, key_cache, value_cache, md, scale, out=out)
+    if not decide_triton(op, q.shape[0], use_triton, reason, key_cache.dtype):
+        return paged_attention_ref(q, key_cache, value_cache, md, scale, out=out, k_scale=k_scale, v_scale=v_scale)
     if out is None:
         out = torch.empty_like(q)
     num_actual = md.num_actual_tokens
     if 0 < num_actual < q.shape[0]:
         out[num_actual:].zero_()
     kernel = decode_attention if decode else prefill_attention
-    return kernel(q, key_cache, value_cache, md.block_table, md.query_start_loc, md.seq_lens, scale, out=out)
+    return kernel(q, key_cache, value_cache, md.block_table, md.query_start_loc, md.seq_lens, scale, out=out,
+                  k_scale=k_scale, v_scale=v_scale)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -143,7 +151,7 @@ def masked_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 
 def _decode_batched(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, md,
-                    num_reqs: int, scale: float) -> torch.Tensor:
+                    num_reqs: int, scale: float, k_scale: float, v_scale: float) -> torch.Tensor:
     """Decode-only steps (query i = request i's last token): one gather and one masked softmax for the whole batch,
     no per-request loop and no host sync (the CPU engine's decode speed). Returns [num_reqs, Hq, D] (math dtype)."""
     _, block_size, hkv, d = key_cache.shape
@@ -151,8 +159,8 @@ def _decode_batched(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
     ct = reference_dtype(q.dtype)
     num_blocks = -(-md.max_seq_len // block_size)
     block_ids = md.block_table[:num_reqs, :num_blocks].long()  # [B, nb]
-    k = key_cache[block_ids].reshape(num_reqs, -1, hkv, d).to(ct)  # [B, nb*bs, Hkv, D]
-    v = value_cache[block_ids].reshape(num_reqs, -1, hkv, d).to(ct)
+    k = dequantize_ref(key_cache[block_ids].reshape(num_reqs, -1, hkv, d), k_scale, ct)  # [B, nb*bs, Hkv, D]
+    v = dequantize_ref(value_cache[block_ids].reshape(num_reqs, -1, hkv, d), v_scale, ct)
     qg = q[:num_reqs].to(ct).view(num_reqs, hkv, hq // hkv, d)
     scores = torch.einsum("bhgd,bkhd->bhgk", qg, k) * scale  # [B, Hkv, G, nb*bs]
     k_pos = torch.arange(k.shape[1], device=q.device).view(1, -1)
@@ -161,9 +169,10 @@ def _decode_batched(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
     return torch.einsum("bhgk,bkhd->bhgd", probs, v).reshape(num_reqs, hq, d)
 
 
-def paged_attention_ref(q, key_cache, value_cache, attn_metadata, scale, out=None) -> torch.Tensor:
+def paged_attention_ref(q, key_cache, value_cache, attn_metadata, scale, out=None, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
     """Plain-torch `paged_attention` (same arguments and result): the paging rule above, softmax attention with
-    math in float32 (float64 for float64 inputs). Decode-only steps take one batched gather (no host sync); other
+    math in float32 (float64 for float64 inputs) over the dequantized cache (stored * k_scale / v_scale). Decode-only steps take one batched gather (no host sync); other
     steps loop over requests using the host mirrors (`query_start_loc_cpu`, `seq_lens_cpu`) when present, else
     the device tensors (a sync; reference only). Returns [T, Hq, D] in q's dtype; rows outside every request
     (padding) are zero."""
@@ -175,7 +184,7 @@ def paged_attention_ref(q, key_cache, value_cache, attn_metadata, scale, out=Non
     if num_reqs == 0:
         pass
     elif md.max_query_len == 1 and num_reqs * md.max_seq_len * hkv * d <= _MAX_BATCHED_GATHER_ELEMS:
-        res[:num_reqs] = _decode_batched(q, key_cache, value_cache, md, num_reqs, scale)
+        res[:num_reqs] = _decode_batched(q, key_cache, value_cache, md, num_reqs, scale, k_scale, v_scale)
     else:
         qsl = md.query_start_loc_cpu or md.query_start_loc.tolist()
         seq_lens = md.seq_lens_cpu or md.seq_lens.tolist()
@@ -184,8 +193,8 @@ def paged_attention_ref(q, key_cache, value_cache, attn_metadata, scale, out=Non
             if end == start or seq_len == 0:
                 continue
             assert seq_len >= end - start, f"request {i}: seq_len {seq_len} < query tokens {end - start}"
-            k = gather_sequence(key_cache, md.block_table[i], seq_len)
-            v = gather_sequence(value_cache, md.block_table[i], seq_len)
+            k = dequantize_ref(gather_sequence(key_cache, md.block_table[i], seq_len), k_scale, res.dtype)
+            v = dequantize_ref(gather_sequence(value_cache, md.block_table[i], seq_len), v_scale, res.dtype)
             q_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
             causal = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # [Tq, S]
             res[start:end] = masked_attention_ref(q[start:end], k, v, causal[None], scale)

@@ -21,7 +21,7 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from ladle.layers.attention.layer import Attention
+from ladle.layers.attention.layer import Attention, take_kv_scales
 from ladle.layers.attention.metadata import LayerCacheSpec
 from ladle.layers.linear import QKVParallelLinear, RowParallelLinear
 from ladle.layers.mlp import GatedMLP
@@ -210,8 +210,15 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors in through the name table (ladle/models/weights.py). Returns the parameter names
         fully loaded (a merged parameter counts once all its shards arrived). Raises KeyError on an unknown name,
-        ValueError on a shape mismatch. Skips `SKIP_PATTERNS` and `lm_head.weight` when embeddings are tied."""
-        return load_weights_by_table(self, weights, self.weight_names)
+        ValueError on a shape mismatch. Skips `SKIP_PATTERNS` and `lm_head.weight` when embeddings are tied.
+        Per-tensor KV-cache scales (`self_attn.k_scale` / `v_scale`, FP8-KV checkpoints) go to the Attention
+        layers (`take_kv_scales`), read back by `kv_cache_scales`."""
+        attn = [layer.self_attn.attn for layer in self.model.layers]
+        return load_weights_by_table(self, take_kv_scales(weights, attn), self.weight_names)
+
+    def kv_cache_scales(self) -> list[tuple[float, float]]:
+        """Per layer (k_scale, v_scale) for an FP8 KV cache: the checkpoint's, else 1.0."""
+        return [(layer.self_attn.attn.k_scale, layer.self_attn.attn.v_scale) for layer in self.model.layers]
 
     def init_dummy_weights(self, seed: int) -> None:
         """Norm weights = 1, everything else uniform within ±DUMMY_MAX_ABS (ladle/models/weights.py); a rank's

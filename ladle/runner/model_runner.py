@@ -35,7 +35,7 @@ from ladle.distributed.parallel_state import all_reduce_min_int
 from ladle.layers.attention.metadata import ForwardContext, set_forward_context
 from ladle.runner.input_batch import BatchInputs, build_batch_inputs
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
-                                   num_blocks_for_bytes)
+                                   kv_cache_torch_dtype, num_blocks_for_bytes)
 from ladle.runner.op_backends import op_backends
 from ladle.runner.request_state import RequestState, StaticSampling, build_sampling_tensors, build_static_sampling
 from ladle.runner.sampler import Sampler, compute_logprobs, unpack_logprobs
@@ -67,6 +67,9 @@ class ModelRunner:
         self.model = model
         self.eos_token_ids = tuple(eos_token_ids)
         self.kv_cache_specs = model.kv_cache_specs()
+        self.kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, self.dtype)  # --kv-cache-dtype
+        scales = getattr(model, "kv_cache_scales", None)  # per layer (k_scale, v_scale) from the checkpoint
+        self.kv_scales = scales() if callable(scales) and self.kv_dtype != self.dtype else None
         self.sampler = Sampler(self.device, seed=model_config.seed)
         self.requests: dict[str, RequestState] = {}
         # Persistent host block table: one row per live request, written incrementally (block lists only grow
@@ -83,16 +86,17 @@ class ModelRunner:
         if capacity is None:
             capacity = self._profile_available_bytes(cache_config.gpu_memory_utilization)
         self.kv_cache_bytes = int(capacity)
-        self.num_blocks = num_blocks_for_bytes(self.kv_cache_specs, self.block_size, self.dtype, self.kv_cache_bytes)
+        self.num_blocks = num_blocks_for_bytes(self.kv_cache_specs, self.block_size, self.kv_dtype,
+                                               self.kv_cache_bytes)
         # tensor parallelism: every rank holds the same blocks, so the pool is the smallest rank's (identity alone)
         self.num_blocks = all_reduce_min_int(self.num_blocks, self.device)
         check_fits_max_model_len(self.num_blocks, self.block_size, self.max_model_len, self.kv_cache_bytes,
                                  on_gpu=self.device.type == "cuda" and cache_config.kv_cache_memory_bytes is None)
-        self.kv_caches = allocate_kv_caches(self.kv_cache_specs, self.num_blocks, self.block_size, self.dtype,
-                                            self.device)
-        logger.info("KV cache: %d blocks x %d tokens (%.1f MiB, %d bytes/block)", self.num_blocks,
-                    self.block_size, self.kv_cache_bytes / 2**20,
-                    bytes_per_block(self.kv_cache_specs, self.block_size, self.dtype))
+        self.kv_caches = allocate_kv_caches(self.kv_cache_specs, self.num_blocks, self.block_size, self.kv_dtype,
+                                            self.device, self.kv_scales)
+        logger.info("KV cache: %d tokens in %d blocks x %d tokens (%s, %.1f MiB, %d bytes/block)",
+                    (self.num_blocks - 1) * self.block_size, self.num_blocks, self.block_size, self.kv_dtype,
+                    self.kv_cache_bytes / 2**20, bytes_per_block(self.kv_cache_specs, self.block_size, self.kv_dtype))
         self.graphs = self._maybe_capture_graphs()
 
     def _maybe_capture_graphs(self):
@@ -142,7 +146,7 @@ class ModelRunner:
         Returns the scratch cache's bytes (not part of the peak that the real cache must leave room for)."""
         chunks = self._dummy_chunks(num_tokens)
         num_scratch = 1 + sum(len(c.block_ids) for c in chunks)
-        scratch = allocate_kv_caches(self.kv_cache_specs, num_scratch, self.block_size, self.dtype, self.device)
+        scratch = allocate_kv_caches(self.kv_cache_specs, num_scratch, self.block_size, self.kv_dtype, self.device)
         batch = build_batch_inputs(chunks, self.block_size, self.device)
         hidden = self._forward(batch, scratch)
         n = min(self.scheduler_config.max_num_seqs, num_tokens)

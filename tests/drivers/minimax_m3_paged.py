@@ -28,11 +28,12 @@ class PagedDriver:
     """Caches + block allocator for one model. Block 0 is the null block and is never handed out."""
 
     def __init__(self, model, num_blocks: int, block_size: int | None = None, seed: int = 0,
-                 backends: Optional[OpBackends] = None):
+                 backends: Optional[OpBackends] = None, kv_cache_dtype: Optional[torch.dtype] = None):
+        """kv_cache_dtype: the K/V and index-K cache dtype (default the model's; FP8 with scales 1.0)."""
         self.model = model
         self.backends = backends or OpBackends.reference()
         self.block_size = block_size or model.config.index_block_size
-        dev, dt = model.device, model.dtype
+        dev, dt = model.device, kv_cache_dtype or model.dtype
         self.caches = []
         for s in model.kv_cache_specs():
             shape = (num_blocks, self.block_size, s.num_kv_heads, s.head_dim)

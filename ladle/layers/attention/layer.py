@@ -11,8 +11,9 @@ With Triton the whole forward is graph-safe (no host mirrors, no host syncs).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -45,7 +46,9 @@ class Attention(nn.Module):
     forward(q, k, v, index_q=None, index_k=None) -> [T, Hq*D] in q's dtype.
       q [T, Hq*D] or [T, Hq, D]; k, v [T, Hkv*D] or [T, Hkv, D] (row-strided views of a fused qkv output are fine);
       index_q [T, ni, di] (ni = num_kv_heads) and index_k [T, di] for MSA layers, post-norm post-RoPE.
-    Writes K/V (and index-K) at `slot_mapping` (skipping -1) into `ctx.kv_caches[layer_idx]`. No parameters.
+    Writes K/V (and index-K) at `slot_mapping` (skipping -1) into `ctx.kv_caches[layer_idx]`, quantized with the
+    cache's per-tensor scales when the cache is FP8 (`LayerKVCache.k_scale` / `v_scale` / `index_k_scale`, passed to
+    every store and read op). No parameters.
     MSA layers: when `ctx.extras.get("record_msa_selection")` is truthy, the step's selected_block_ids
     [Hkv, T, topk] int32 (ARCHITECTURE.md "MSA selection") are left in
     `ctx.extras["msa_selected_block_ids"][layer_idx]`.
@@ -61,6 +64,10 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.msa = msa
+        # per-tensor FP8 KV-cache scales (float32 values) from the checkpoint, 1.0 when it has none; the runner
+        # copies them into LayerKVCache (via the model's `kv_cache_scales()`) when --kv-cache-dtype is fp8
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: Optional[torch.Tensor] = None,
                 index_k: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -72,21 +79,25 @@ class Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        store_kvcache(k, v, cache.key_cache, cache.value_cache, md.slot_mapping, use_triton=use_triton)
+        scales = dict(k_scale=cache.k_scale, v_scale=cache.v_scale)
+        store_kvcache(k, v, cache.key_cache, cache.value_cache, md.slot_mapping, use_triton=use_triton, **scales)
         if self.msa is None:
-            out = paged_attention(q, cache.key_cache, cache.value_cache, md, self.scale, use_triton=use_triton)
+            out = paged_attention(q, cache.key_cache, cache.value_cache, md, self.scale, use_triton=use_triton,
+                                  **scales)
             return out.reshape(num_tokens, self.num_heads * self.head_dim)
         msa = self.msa
         assert index_q is not None and index_k is not None and cache.index_key_cache is not None
         assert md.block_size == msa.block_size == cache.key_cache.shape[1], \
             f"KV block size {md.block_size} must equal the MSA block size {msa.block_size}"
-        store_index_kcache(index_k, cache.index_key_cache, md.slot_mapping, use_triton=use_triton)
+        store_index_kcache(index_k, cache.index_key_cache, md.slot_mapping, index_k_scale=cache.index_k_scale,
+                           use_triton=use_triton)
         selected = msa_indexer(index_q, cache.index_key_cache, md.block_table, md.positions, md.query_start_loc,
-                               msa.topk_blocks, local_blocks=msa.local_blocks, use_triton=use_triton)
+                               msa.topk_blocks, local_blocks=msa.local_blocks, index_k_scale=cache.index_k_scale,
+                               use_triton=use_triton)
         if ctx.extras.get("record_msa_selection"):
             ctx.extras.setdefault("msa_selected_block_ids", {})[self.layer_idx] = selected
         out = msa_sparse_attention(q, cache.key_cache, cache.value_cache, md.block_table, selected, md.positions,
-                                   md.query_start_loc, self.scale, use_triton=use_triton)
+                                   md.query_start_loc, self.scale, use_triton=use_triton, **scales)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 
     def kv_cache_spec(self) -> LayerCacheSpec:
@@ -99,3 +110,32 @@ class Attention(nn.Module):
         sparse = f", msa={self.msa}" if self.msa is not None else ""
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
                 f"layer_idx={self.layer_idx}{sparse}")
+
+
+# Checkpoint names of per-tensor KV-cache scales in Hugging Face FP8-KV checkpoints (the names vLLM reads):
+# `...layers.N.self_attn.k_scale` / `v_scale`, the older single `kv_scale`, and `k_proj.output_scale` /
+# `v_proj.output_scale`.
+_KV_SCALE_NAME = re.compile(
+    r".*layers\.(?P<layer>\d+)\.self_attn\.(?:(?P<kv>[kv])_scale|kv_scale|(?P<proj>[kv])_proj\.output_scale)")
+
+
+def take_kv_scales(weights: Iterable[tuple[str, torch.Tensor]],
+                   attn_layers: list[Attention]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass every checkpoint tensor through, except KV-cache scales (`_KV_SCALE_NAME`), which are stored as floats
+    on `attn_layers[N].k_scale` / `v_scale` (kv_scale: both). A scale must be one positive number (per-head
+    scales are refused with ValueError, not averaged)."""
+    for name, tensor in weights:
+        m = _KV_SCALE_NAME.fullmatch(name)
+        if m is None:
+            yield name, tensor
+            continue
+        if tensor.numel() != 1 or not float(tensor.reshape(-1)[0]) > 0:
+            raise ValueError(f"{name}: a KV-cache scale must be one positive number (per-tensor), got shape "
+                             f"{tuple(tensor.shape)}")
+        layer = attn_layers[int(m.group("layer"))]
+        which = m.group("kv") or m.group("proj") or "kv"
+        value = float(tensor.float().reshape(-1)[0])
+        if "k" in which:
+            layer.k_scale = value
+        if "v" in which:
+            layer.v_scale = value

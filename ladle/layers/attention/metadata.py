@@ -20,11 +20,20 @@ import torch
 
 @dataclass
 class LayerKVCache:
-    """One layer's cache tensors (see module docstring for shapes)."""
+    """One layer's cache tensors (see module docstring for shapes) and their per-tensor dequantization scales.
+
+    The tensors hold the model dtype (`--kv-cache-dtype auto`) or an FP8 dtype (float8_e4m3fn / float8_e5m2):
+    stores write fp8(clamp(x / scale)), readers use stored * scale (ladle/kernels/kv_store.py). The scales live
+    here, beside the tensors they describe, as host floats (float32 values; constant for the cache's life, so a
+    CUDA graph may bake them in): 1.0 unless the runner was given calibrated ones. They are ignored for auto caches.
+    """
 
     key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     value_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     index_key_cache: Optional[torch.Tensor] = None  # [num_blocks, block_size, index_head_dim] (MSA layers)
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    index_k_scale: float = 1.0
 
 
 @dataclass
