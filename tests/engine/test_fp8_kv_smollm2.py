@@ -1,17 +1,19 @@
 """SmolLM2 (the real GGUF, CPU float32) with `--kv-cache-dtype fp8` (= fp8_e4m3, scales 1.0) against auto.
 
-Teacher-forced top-1 agreement: the 2,282-token GSM8K sample (tests/data/README.md) runs as one prompt with prompt
-logprobs; at each of its 2,281 positions the top-1 next-token choice of the FP8-KV run is compared with the auto
-(float32 KV) run's. The auto choices are stored in tests/data/gsm8k_test_sample_smollm2_top1.json (written by this
-test with LADLE_REGEN_FP8_GOLDEN=1, which also re-runs auto): one SmolLM2 pass over 2,282 tokens takes 30-40 s on
+Teacher-forced top-1 agreement: the 2,216-token sample of the project's own prose (tests/data/README.md) runs as
+one prompt with prompt logprobs; at each of its 2,215 positions the top-1 next-token choice of the FP8-KV run is compared with the auto
+(float32 KV) run's. The auto choices are stored in tests/data/ladle_prose_sample_smollm2_top1.json (written by this
+test with LADLE_REGEN_FP8_GOLDEN=1, which also re-runs auto): one SmolLM2 pass over 2,216 tokens takes 30-40 s on
 2 CPU cores with the torch references, so CI runs only the FP8 pass.
 
-Threshold: >= 93% agreement. Measured: 95.5% (2,281 positions; binomial std 0.4%). Why not higher: e4m3 keeps 3
+Threshold: >= 90% agreement. Measured: 93.4% on this sample (2,215 positions; binomial std 0.5%; 95.5% on a
+sample of GSM8K prose during development: this text's code-like tokens have more near ties). Why not higher: e4m3 keeps 3
 mantissa bits (up to 2^-4 relative rounding per element), and with scale 1.0 SmolLM2's small V entries (|v| < 2^-6
 in early layers, max |v| 0.6 in layer 0) fall in e4m3's subnormal range, where the step is 2^-9; calibrated
 k_scale/v_scale would recover precision. No K/V entry saturates (max |k| about 21, e4m3 max 448). A wrong
 dequantization (a missing or doubled scale, raw fp8 bits read as numbers, the wrong page) gives garbage attention
-and agreement far below 90%, so 93% separates correct from broken with margin above noise.
+and agreement far below 90%, so 90% separates correct from broken with margin on both sides (about 7 binomial std
+below the measured value, so CPU-build rounding differences cannot trip it).
 Greedy agreement on the 8 parity prompts (tests/engine/test_parity_smollm2.py) is reported in the log: identical
 tokens up to the first divergence, counted per prompt (a near-tie flip changes every later token, so it is not
 gated beyond the first token).
@@ -39,9 +41,9 @@ from ladle.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
-SAMPLE = os.path.join(DATA, "gsm8k_test_sample.txt")
-GOLDEN = os.path.join(DATA, "gsm8k_test_sample_smollm2_top1.json")
-MIN_AGREEMENT = 0.93
+SAMPLE = os.path.join(DATA, "ladle_prose_sample.txt")
+GOLDEN = os.path.join(DATA, "ladle_prose_sample_smollm2_top1.json")
+MIN_AGREEMENT = 0.90
 BUDGET = 512  # prompt chunk size: bounds the [chunk, vocab] logits buffer
 MAX_LEN = 2304
 KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 4  # SmolLM2 float32 KV: layers x (K, V) x KV heads x head_dim x bytes
@@ -89,7 +91,7 @@ def test_fp8_kv_teacher_forced_top1_agreement(llms, smollm2_tokenizer):
     if os.environ.get("LADLE_REGEN_FP8_GOLDEN"):
         with open(GOLDEN, "w") as f:
             json.dump({"what": "top-1 next token of ladle auto (float32 KV, torch references, CPU) at each position "
-                               "of gsm8k_test_sample.txt tokenized by SmolLM2-135M-Instruct",
+                               "of ladle_prose_sample.txt tokenized by SmolLM2-135M-Instruct",
                        "num_prompt_tokens": len(prompt), "top1": _two_threads(_top1, auto, prompt)}, f)
     golden = json.load(open(GOLDEN))
     assert golden["num_prompt_tokens"] == len(prompt), "tokenizer or sample changed: regenerate the golden"
