@@ -236,8 +236,6 @@ INSTEAD = {
     "--reasoning-parser": "not wired into `ladle serve` yet: the minimax_m3 parser is being connected; leave it "
                           "out for now",
     "--enable-auto-tool-choice": "not wired into `ladle serve` yet: it comes with --tool-call-parser; leave it out",
-    "--quantization": "ladle loads bf16/fp16/fp32 safetensors, MXFP8 checkpoints (dequantised at load) and GGUF "
-                      "files as they are; leave it out",
     "--pipeline-parallel-size": "ladle runs a model on 1 GPU",
     "--data-parallel-size": "ladle runs one engine; start one `ladle serve` per GPU behind a load balancer",
     "--enable-expert-parallel": "ladle runs a model on 1 GPU",

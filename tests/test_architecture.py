@@ -19,7 +19,8 @@ ALLOWED = {
     "core": {"core"},
     "engine": {"engine", "core", "runner", "models", "observe"},
     "runner": {"runner", "core", "models", "layers", "kernels", "observe"},
-    "models": {"models", "layers", "kernels", "observe"},
+    "models": {"models", "quant", "layers", "kernels", "observe"},
+    "quant": {"quant", "layers", "kernels", "observe"},  # quant methods for the layer kit (ARCHITECTURE.md: later row)
     "layers": {"layers", "kernels", "observe"},
     "kernels": {"kernels", "observe"},
     "server": {"server", "engine", "core", "observe"},

@@ -25,6 +25,9 @@ from ladle.layers.norm import RMSNorm
 from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 
+SCALE_SUFFIX = ".weight_scale_inv"
+
+
 class UnknownWeightError(KeyError, ValueError):
     """A checkpoint tensor that no table row maps to a parameter of the model (a KeyError and a ValueError)."""
 
@@ -72,9 +75,14 @@ class WeightNameTable:
     skip: tuple[str, ...] = ()
 
     def resolve(self, name: str) -> Optional[tuple[str, dict]]:
-        """(parameter name, loader kwargs), or None for a skipped tensor. Raises UnknownWeightError."""
+        """(parameter name, loader kwargs), or None for a skipped tensor. Raises UnknownWeightError.
+        A block-FP8 scale `X.weight_scale_inv` resolves as `X.weight` does, to that parameter's name + "_scale_inv"
+        (`qkv_proj.weight_scale_inv`, `mlp.w13_scale_inv`; ladle/quant/fp8.py), with the same shard / expert."""
         if any(re.match(p, name) for p in self.skip):
             return None
+        if name.endswith(SCALE_SUFFIX):
+            found = self.resolve(name[: -len("_scale_inv")])
+            return None if found is None else (found[0] + "_scale_inv", found[1])
         local = name
         for old, new in self.prefixes:
             if local.startswith(old):
@@ -112,11 +120,17 @@ def load_weights_by_table(model: nn.Module, weights: Iterable[tuple[str, torch.T
         pieces.add(key)
         param = params[pname]
         try:
-            n = param.weight_loader(param, tensor.to(param.dtype), **kwargs)
+            n = param.weight_loader(param, tensor.to(getattr(param, "load_dtype", param.dtype)), **kwargs)
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
         written[pname] = written.get(pname, 0) + n
-    return {p for p, n in written.items() if n >= params[p].numel()}
+    done = {p for p, n in written.items() if n >= params[p].numel()}
+    return done | {p for p, param in params.items() if _sibling(p, getattr(param, "derived_from", None)) in done}
+
+
+def _sibling(pname: str, attr: Optional[str]) -> Optional[str]:
+    """Full name of the parameter `attr` of the module that holds `pname` (None when attr is None)."""
+    return None if attr is None else ".".join(pname.split(".")[:-1] + [attr])
 
 
 @torch.no_grad()
@@ -143,7 +157,12 @@ def init_dummy_weights(model: nn.Module, seed: int, norm_noise: float = 0.1,
             if bound == 0.0:
                 p.fill_(centre)
                 continue
+            if hasattr(p, "init_from_float") and p.init_from_float is None:
+                continue  # a quantization scale: set with its weight
             r = torch.rand(p.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
+            if getattr(p, "init_from_float", None) is not None:
+                p.init_from_float(r * bound + centre)  # a quantized weight: quantize the float draw
+                continue
             p.copy_((r * bound + centre).to(p.dtype))
 
 
