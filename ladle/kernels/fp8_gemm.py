@@ -8,10 +8,16 @@ scale repeated over the block's 128 rows (same values, so the product is unchang
 (q|k|v, gate|up) whose pieces do not start on a 128-row boundary, and tensor-parallel row slices, exact. Cost: the
 scales add 4/128 = 3.1% to the weight bytes read (a 128-row-block variant for aligned layers is a follow-up).
 
-Math (block-wise mode of kernels_and_limits.md §1.2): for each 128-wide K step kb,
-    acc[m, n] += (a_q[m, kb] . w_q[n, kb]) * a_scale[m, kb] * w_scale[n, kb]
+MXFP8 weights (design/minimax_m3.md §2.2) run as stored: w_scale [N, K/32] uint8 E8M0 (2^(byte - 127)), one per 32
+K elements; the kernel then steps K by 32 (BLOCK_K = the weight group) and converts the byte in registers. Keeping
+the release bytes is exact by construction; re-laying them to 128-groups would round small elements of groups
+whose exponent is below the 128-group maximum (kernels_and_limits.md §5), and dequantising to bf16 doubles the
+bytes. The price is a K=32 MMA per step (4x the scale multiplies of the 128 path): measure on the H200.
+
+Math (block-wise mode of kernels_and_limits.md §1.2): for each K step kb of the weight group (128, or 32 for MXFP8),
+    acc[m, n] += (a_q[m, kb] . w_q[n, kb]) * a_scale[m, kb*BK // 128] * w_scale[n, kb]
 in float32, so every K step is promoted out of the fp8 MMA accumulator (DeepSeek-V3 §3.3.2). BLOCK_K is therefore
-fixed to the 128 group; BLOCK_N is free (the weight scale is loaded per column). Ragged M, N, K are masked.
+the weight group; BLOCK_N is free (the weight scale is loaded per column). Ragged M, N, K are masked.
 
 Kernel `_fp8_gemm_kernel`: 2-D grid (cdiv(M, BM), cdiv(N, BN)); the tile is chosen from the local M
 (`select_gemm_config`). `fp8_gemm_ref` dequantizes both operands and multiplies in `compute_dtype`.
@@ -28,7 +34,7 @@ from typing import Optional
 import torch
 
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
-from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP, act_quant, dequant_block_fp8
+from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP, MX_GROUP, act_quant, dequant_block_fp8
 from ladle.observe import dispatch
 
 OP = "fp8_gemm"
@@ -56,10 +62,18 @@ def select_gemm_config(num_tokens: int) -> GemmTileConfig:
 
 
 @triton.jit
+def load_weight_scale(ptrs, mask, E8M0: tl.constexpr):
+    """One K step's weight scales [BN] as float32: fp32 as stored, or uint8 E8M0 bytes -> 2^(byte - 127)."""
+    if E8M0:
+        return tl.exp2(tl.load(ptrs, mask=mask, other=127).to(tl.float32) - 127.0)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
 def _fp8_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, num_kb,
+    a_ptr, as_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, num_kb, num_akb,
     stride_am, stride_wn, stride_ym,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32_DOT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -70,15 +84,15 @@ def _fp8_gemm_kernel(
     offs_k = tl.arange(0, BK)
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN] view of [N, K]
-    as_ptrs = as_ptr + offs_m.to(tl.int64) * num_kb
+    as_ptrs = as_ptr + offs_m.to(tl.int64) * num_akb
     ws_ptrs = ws_ptr + offs_n.to(tl.int64) * num_kb
     acc = tl.zeros([BM, BN], tl.float32)
     for kb in range(0, num_kb):
         k_ok = offs_k + kb * BK < K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        a_s = tl.load(as_ptrs + kb, mask=m_ok, other=0.0)
-        w_s = tl.load(ws_ptrs + kb, mask=n_ok, other=0.0)
+        a_s = tl.load(as_ptrs + kb * BK // 128, mask=m_ok, other=0.0)  # activation groups are 128 wide
+        w_s = load_weight_scale(ws_ptrs + kb, n_ok, E8M0)
         if F32_DOT:  # the interpreter: exact fp32 products of fp8 values
             part = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -96,20 +110,28 @@ def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
     -> y [M, N] in out_dtype. No host sync; grid from shapes only."""
     m, k = a_q.shape
     n, kw = w_q.shape
-    num_kb = triton.cdiv(k, GROUP)
+    w_group = weight_group(w_scale)
+    num_kb = triton.cdiv(k, w_group)
     assert kw == k and a_q.dtype == w_q.dtype == FP8_DTYPE, f"a {tuple(a_q.shape)} w {tuple(w_q.shape)}"
-    assert a_scale.shape == (m, num_kb) and w_scale.shape == (n, num_kb)
-    assert a_scale.dtype == w_scale.dtype == torch.float32 and a_scale.is_contiguous() and w_scale.is_contiguous()
+    assert a_scale.shape == (m, triton.cdiv(k, GROUP)) and w_scale.shape == (n, num_kb)
+    assert a_scale.dtype == torch.float32 and a_scale.is_contiguous() and w_scale.is_contiguous()
     assert a_q.stride(1) == 1 and w_q.stride(1) == 1
     y = torch.empty((m, n), dtype=out_dtype, device=a_q.device)
     if m == 0:
         return y
     cfg = config or select_gemm_config(m)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
-    _fp8_gemm_kernel[grid](a_q, a_scale, w_q, w_scale, y, m, n, k, num_kb, a_q.stride(0), w_q.stride(0),
-                           y.stride(0), BM=cfg.block_m, BN=cfg.block_n, BK=GROUP, F32_DOT=interpreting(),
+    _fp8_gemm_kernel[grid](a_q, a_scale, w_q, w_scale, y, m, n, k, num_kb, a_scale.shape[1], a_q.stride(0),
+                           w_q.stride(0), y.stride(0), BM=cfg.block_m, BN=cfg.block_n, BK=w_group,
+                           E8M0=w_scale.dtype == torch.uint8, F32_DOT=interpreting(),
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
+
+
+def weight_group(w_scale: torch.Tensor) -> int:
+    """K elements per weight scale: 32 for MXFP8's uint8 E8M0 scales, 128 for float32 block scales."""
+    assert w_scale.dtype in (torch.uint8, torch.float32), w_scale.dtype
+    return MX_GROUP if w_scale.dtype == torch.uint8 else GROUP
 
 
 def fp8_gemm_ref(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,

@@ -28,6 +28,7 @@ dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); x [M, K] contig
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
+MX_GROUP = 32  # MXFP8 / MXFP4 weights: one E8M0 scale per 32 K elements (OCP MX)
 GROUP = 128  # activation group and weight block edge (the HF block-FP8 `weight_block_size` [128, 128])
 SCALE_EPS = 1e-10  # floor on a group's amax, so an all-zero group gets a finite scale
 
@@ -77,6 +78,19 @@ def quantize_block_fp8(w: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP))
     q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.view(sn * bn, sk * bk)[:n, :k].contiguous(), scale
 
+
+def quantize_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [N, K] (K % 32 == 0) -> (float8_e4m3fn [N, K], uint8 E8M0 scale [N, K/32]).
+
+    Exponent per 32-block: the smallest e with amax / 2^e <= 448 (e4m3 max), stored as e + 127.
+    """
+    n, k = w.shape
+    assert k % MX_GROUP == 0, f"K={k} must be a multiple of 32"
+    blocks = w.float().view(n, k // MX_GROUP, MX_GROUP)
+    amax = blocks.abs().amax(-1).clamp(min=2.0 ** -100)
+    e = torch.ceil(torch.log2(amax / FP8_MAX)).clamp(-127, 127)
+    q = (blocks / torch.exp2(e)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(n, k)
+    return q, (e + 127).to(torch.uint8)
 
 def quantize_fp8_rows(w: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP)) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_block_fp8` on [..., N, K] (a leading expert dim allowed), its scales repeated over each block's

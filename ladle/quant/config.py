@@ -2,9 +2,9 @@
 
   checkpoint quant_method "fp8" with weight_block_size [128, 128] (HF block FP8: DeepSeek-V3, Qwen3-FP8)
       -> Fp8Config(from_checkpoint=True): FP8 weights and scales kept as stored (rows expanded).
-  checkpoint "mxfp8" (MiniMax-M3-MXFP8, design/minimax_m3.md §2.2) -> dequantised at load by the model (None here),
-      or, with --quantization fp8, dequantised and re-quantized per 128x128 block at load (not bit-exact to the
-      MXFP8 values: kernels_and_limits.md §5 describes the loss).
+  checkpoint "mxfp8" (MiniMax-M3-MXFP8, design/minimax_m3.md §2.2) -> Fp8Config(from_checkpoint=True, mx=True):
+      the release's fp8 values and E8M0 scales kept byte for byte (the kernels read 32-groups); --quantization fp8
+      changes nothing for it.
   --quantization fp8 on a float checkpoint (or --load-format dummy) -> Fp8Config(from_checkpoint=False).
 Anything else raises ValueError with the supported values.
 """
@@ -23,6 +23,8 @@ def checkpoint_quant_method(hf_config: dict) -> Optional[str]:
     """`quantization_config.quant_method` of the root config (or of its text config), lower-case, or None."""
     qc = hf_config.get("quantization_config") or (hf_config.get("text_config") or {}).get("quantization_config") or {}
     method = qc.get("quant_method")
+    if method == "mxfp8" and list(qc.get("weight_block_size") or [1, 32]) != [1, 32]:
+        raise ValueError(f"MXFP8 checkpoint with weight_block_size {qc.get('weight_block_size')}; expected [1, 32]")
     if method == "fp8" and list(qc.get("weight_block_size") or []) != [128, 128]:
         raise ValueError(f"FP8 checkpoint with weight_block_size {qc.get('weight_block_size')}: ladle reads "
                          "[128, 128] block scales only")
@@ -37,6 +39,8 @@ def quant_config_of(model_config: ModelConfig, hf_config: dict) -> Optional[Fp8C
     method = checkpoint_quant_method(hf_config)
     if method == "fp8":
         return Fp8Config(from_checkpoint=True)
-    if method not in (None, "mxfp8"):
+    if method == "mxfp8":
+        return Fp8Config(from_checkpoint=True, mx=True)
+    if method is not None:
         raise ValueError(f"checkpoint quant_method {method!r} is not supported (fp8, mxfp8)")
     return Fp8Config(from_checkpoint=False) if flag == "fp8" else None

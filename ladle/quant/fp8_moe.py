@@ -1,7 +1,8 @@
 """FP8 w8a8 block-scaled experts for FusedMoE (the MoE half of ladle/quant/fp8.py; same storage and loading rules).
 
 Parameters: `w13` float8_e4m3fn [E', 2 I_r, H] + `w13_scale_inv` float32 [E', 2 I_r, ceil(H/128)]; `w2` fp8
-[E', H, I_r] + `w2_scale_inv` float32 [E', H, ceil(I_r/128)] (one scale per row per 128-group of K). The shared
+[E', H, I_r] + `w2_scale_inv` float32 [E', H, ceil(I_r/128)] (one scale per row per 128-group of K); MXFP8: uint8
+E8M0 scales per 32 K elements ([E', 2 I_r, H/32], [E', H, I_r/32]), as released. The shared
 expert is row E when folded, exactly as in the unquantized method. Checkpoint names `…w1.weight_scale_inv` map to
 `w13_scale_inv` through the model's name table (ladle/models/weights.py appends the suffix).
 """
@@ -16,27 +17,28 @@ from torch import nn
 from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP
 from ladle.kernels.fused_moe_fp8 import fused_moe_fp8
 from ladle.layers.linear import set_weight_loader
-from ladle.quant.fp8 import _param, _quantize_into, expand_scale_rows, staged_loader
+from ladle.quant.fp8 import Fp8Config, _param, _quantize_into, expand_scale_rows, staged_loader
 
 
 class Fp8FusedMoEMethod:
     """FusedMoE quant method with FP8 block-scaled expert tables, run by op `fused_moe_fp8`."""
 
-    def __init__(self, from_checkpoint: bool = False) -> None:
-        self.from_checkpoint = from_checkpoint
+    def __init__(self, config: Fp8Config = Fp8Config()) -> None:
+        self.config = config
 
     def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: Optional[torch.dtype], device, weight_loader) -> None:
         i_r, h = intermediate_size_per_partition, hidden_size
+        group, scale_dtype = self.config.scale_format()
         for name, shape in (("w13", (num_rows, 2 * i_r, h)), ("w2", (num_rows, h, i_r))):
             weight = set_weight_loader(_param(shape, FP8_DTYPE, device), weight_loader, 1)
-            scale = _param((*shape[:2], -(-shape[2] // GROUP)), torch.float32, device)
-            set_weight_loader(scale, _moe_scale_loader(layer), 1)
-            if not self.from_checkpoint:
+            scale = _param((*shape[:2], -(-shape[2] // group)), scale_dtype, device)
+            set_weight_loader(scale, _moe_scale_loader(layer, group), 1)
+            if not self.config.from_checkpoint:
                 weight.weight_loader = staged_loader(weight_loader, weight, scale, params_dtype or torch.float32)
                 weight.load_dtype = params_dtype or torch.float32
                 scale.derived_from = name
-            weight.init_from_float = (lambda w, s: lambda values: _quantize_into(w, s, values))(weight, scale)
+            weight.init_from_float = (lambda w, s: lambda v: _quantize_into(w, s, v, self.config.mx))(weight, scale)
             scale.init_from_float = None
             layer.register_parameter(name, weight)
             layer.register_parameter(f"{name}_scale_inv", scale)
@@ -48,7 +50,7 @@ class Fp8FusedMoEMethod:
                              topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
 
 
-def _moe_scale_loader(layer: nn.Module):
+def _moe_scale_loader(layer: nn.Module, group: int):
     """Loader of one checkpoint expert scale grid (HF block FP8: [ceil(rows/128), ceil(K/128)]): rows expanded,
     then this rank's slice as FusedMoE.weight_loader slices the weight (w1/w3: rows of the intermediate; w2: K
     groups of the intermediate, which must start on a 128 boundary)."""
@@ -60,18 +62,18 @@ def _moe_scale_loader(layer: nn.Module):
         i, i_r, h = layer.intermediate_size, layer.intermediate_size_per_partition, layer.hidden_size
         start = layer.tp_rank * i_r
         if shard_id == "w13":
-            if i % GROUP:
-                raise ValueError(f"a merged gate|up scale grid needs I % 128 == 0, I = {i}")
-            gate, up = loaded.split(i // GROUP, dim=0)
+            gate, up = loaded.split(loaded.shape[0] // 2, dim=0)
+            if loaded.shape[0] % 2 or (loaded.shape[0] != 2 * i and i % GROUP):
+                raise ValueError(f"a merged gate|up scale grid {tuple(loaded.shape)} does not split at I = {i}")
             return load(param, gate, "w1", expert_id) + load(param, up, "w3", expert_id)
         if shard_id in ("w1", "w3"):
             dst = param.data[row].narrow(0, 0 if shard_id == "w1" else i_r, i_r)
             dst.copy_(expand_scale_rows(loaded, i).narrow(0, start, i_r))
         elif shard_id == "w2":
-            if start % GROUP:
-                raise ValueError(f"tensor-parallel K slice at {start} is not on a 128-group boundary")
+            if start % group:
+                raise ValueError(f"tensor-parallel K slice at {start} is not on a {group}-group boundary")
             dst = param.data[row]
-            dst.copy_(expand_scale_rows(loaded, h).narrow(1, start // GROUP, dst.shape[1]))
+            dst.copy_(expand_scale_rows(loaded, h).narrow(1, start // group, dst.shape[1]))
         else:
             raise ValueError(f"unknown expert shard {shard_id!r} (w1, w3, w13, w2)")
         return dst.numel()

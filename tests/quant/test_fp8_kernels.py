@@ -16,7 +16,7 @@ import torch
 
 from ladle.kernels.fp8_gemm import GemmTileConfig, fp8_gemm_ref, fp8_gemm_triton, fp8_linear
 from ladle.kernels.fp8_quant import (act_quant_ref, act_quant_triton, dequant_block_fp8, quantize_block_fp8,
-                                     quantize_fp8_rows)
+                                     quantize_fp8_rows, quantize_mxfp8)
 from ladle.kernels.fused_moe import MoETileConfig, fused_moe_ref
 from ladle.kernels.fused_moe_fp8 import fused_moe_fp8, fused_moe_fp8_ref, fused_moe_fp8_triton
 from ladle.kernels.moe_router import moe_router_triton
@@ -57,6 +57,17 @@ def test_fp8_gemm_against_float64(m, n, k, cfg):
     assert _rel(y, x.double() @ w.double().T) < 0.08
 
 
+@pytest.mark.parametrize("m,n,k", [(5, 72, 224), (33, 40, 96)])
+def test_mxfp8_gemm_as_released_against_float64(m, n, k):
+    """MXFP8 weights (uint8 E8M0 per 32 K elements) run as stored: K steps of 32 in the kernel."""
+    x, w = torch.randn(m, k), torch.randn(n, k) * torch.logspace(-2, 1, k)  # groups of very different exponents
+    a_q, a_s = act_quant_ref(x)
+    w_q, w_s = quantize_mxfp8(w)
+    y = fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32, config=GemmTileConfig(16, 32, 4, 2))
+    assert _rel(y, fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64)) < 1e-5
+    assert _rel(y, x.double() @ w.double().T) < 0.08
+
+
 def test_fp8_linear_dispatch_record_and_bias():
     dispatch.reset()
     x, w, b = torch.randn(2, 5, 160), torch.randn(48, 160), torch.randn(48)
@@ -83,6 +94,19 @@ def test_fused_moe_fp8_with_shared_expert(T, cfg):
     assert _rel(out, fused_moe_ref(x, w13, w2, ids, wts)) < 0.08
     slow = fused_moe_fp8(x, w13_q, w13_s, w2_q, w2_s, ids, wts, use_triton=False)
     assert _rel(slow, ref) < 1e-5
+
+
+def test_fused_moe_mxfp8_as_released():
+    T, H, I, E = 13, 96, 64, 5
+    x = torch.randn(T, H)
+    ids, wts = moe_router_triton(x, torch.randn(E, H), torch.zeros(E), 2, 2.0, shared_expert=True)
+    w13 = torch.randn(E + 1, 2 * I, H) / H ** 0.5 * 3
+    w2 = torch.randn(E + 1, H, I) / I ** 0.5
+    w13_q, w13_s = (torch.stack(t) for t in zip(*[quantize_mxfp8(w) for w in w13]))
+    w2_q, w2_s = (torch.stack(t) for t in zip(*[quantize_mxfp8(w) for w in w2]))
+    out = fused_moe_fp8_triton(x, w13_q, w13_s, w2_q, w2_s, ids, wts, config=MoETileConfig(16, 16, 32, 32, 4, 2))
+    assert _rel(out, fused_moe_fp8_ref(x, w13_q, w13_s, w2_q, w2_s, ids, wts)) < 2e-3
+    assert _rel(out, fused_moe_ref(x, w13, w2, ids, wts)) < 0.08
 
 
 @pytest.mark.gpu

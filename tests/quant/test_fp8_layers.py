@@ -120,7 +120,7 @@ def test_quant_config_choice():
     assert quant_config_of(ModelConfig(quantization="fp8"), {}) == Fp8Config(False)
     hf_fp8 = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
     assert quant_config_of(ModelConfig(), hf_fp8) == Fp8Config(True)
-    assert quant_config_of(ModelConfig(), {"quantization_config": {"quant_method": "mxfp8"}}) is None
+    assert quant_config_of(ModelConfig(), {"quantization_config": {"quant_method": "mxfp8"}}) == Fp8Config(True, True)
     for bad_cfg, bad_hf in ((ModelConfig(quantization="awq"), {}),
                             (ModelConfig(), {"quantization_config": {"quant_method": "fp8",
                                                                      "weight_block_size": [1, 128]}})):
