@@ -51,8 +51,8 @@ class ModelConfig:
     quantization: Optional[str] = _f(
         None, "--quantization",
         "fp8: quantize float (bf16/fp32, or dummy) weights to FP8 E4M3 with 128x128 block scales at load and run "
-        "w8a8 block-scaled GEMMs; default: the checkpoint's own quantization_config (HF block FP8 loads as FP8, "
-        "MXFP8 is dequantised)")
+        "w8a8 block-scaled GEMMs; default: the checkpoint's own quantization_config (HF block FP8 and MXFP8 "
+        "checkpoints load as FP8)")
 
 
 @dataclass(frozen=True)
