@@ -92,6 +92,37 @@ def quantize_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = (blocks / torch.exp2(e)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(n, k)
     return q, (e + 127).to(torch.uint8)
 
+# E2M1 code (bits 0-2) -> magnitude; bit 3 is the sign (OCP MX spec; design/minimax_m3.md §2.3)
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_MAX = 6.0
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [N, K] (K % 32 == 0) -> (packed uint8 [N, K/2], uint8 E8M0 scale [N, K/32]), MXFP4 (minimax_m3.md
+    §2.3): two E2M1 codes per byte, low nibble = even element k, high nibble = k + 1. Per 32-group exponent e = the
+    smallest with amax / 2^e <= 6; each value rounds to the nearest E2M1 magnitude (ties to the lower code)."""
+    n, k = w.shape
+    assert k % MX_GROUP == 0, f"K={k} must be a multiple of 32"
+    blocks = w.float().view(n, k // MX_GROUP, MX_GROUP)
+    amax = blocks.abs().amax(-1).clamp(min=2.0 ** -100)
+    e = torch.ceil(torch.log2(amax / E2M1_MAX)).clamp(-127, 127)
+    scaled = (blocks / torch.exp2(e)[..., None]).view(n, k)
+    grid = torch.tensor(E2M1_VALUES, device=w.device)
+    code = (scaled.abs()[..., None] - grid).abs().argmin(-1).to(torch.uint8)  # [N, K] in 0..7
+    code |= (scaled < 0).to(torch.uint8) << 3
+    return code[:, 0::2] | (code[:, 1::2] << 4), (e + 127).to(torch.uint8)
+
+
+def dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """MXFP4 -> `dtype`: packed uint8 [..., N, K/2] + E8M0 scale [..., N, K/32] -> [..., N, K] (exact)."""
+    if packed.dim() == 3:
+        return torch.stack([dequant_mxfp4(p, s, dtype) for p, s in zip(packed, scale)])
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2).long()  # [N, K], even element first
+    mag = torch.tensor(E2M1_VALUES, dtype=dtype, device=packed.device)[codes & 7]
+    vals = torch.where(codes >= 8, -mag, mag)
+    return vals * expand_block_scale(scale, tuple(vals.shape)).to(dtype)
+
+
 def quantize_fp8_rows(w: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP)) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_block_fp8` on [..., N, K] (a leading expert dim allowed), its scales repeated over each block's
     rows: (float8_e4m3fn [..., N, K], float32 [..., N, ceil(K/bk)]) — the kernels' row-expanded layout."""
