@@ -25,7 +25,7 @@ from ladle.layers.norm import RMSNorm
 from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 
-SCALE_SUFFIX = ".weight_scale_inv"
+SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # block-FP8 / MXFP8, and MXFP4 (ladle/quant/mxfp4.py)
 
 
 class UnknownWeightError(KeyError, ValueError):
@@ -76,13 +76,15 @@ class WeightNameTable:
 
     def resolve(self, name: str) -> Optional[tuple[str, dict]]:
         """(parameter name, loader kwargs), or None for a skipped tensor. Raises UnknownWeightError.
-        A block-FP8 scale `X.weight_scale_inv` resolves as `X.weight` does, to that parameter's name + "_scale_inv"
-        (`qkv_proj.weight_scale_inv`, `mlp.w13_scale_inv`; ladle/quant/fp8.py), with the same shard / expert."""
+        A quantization scale `X.weight_scale_inv` (block FP8, MXFP8) or `X.weight_scale` (MXFP4) resolves as
+        `X.weight` does, to that parameter's name + "_scale_inv" (`qkv_proj.weight_scale_inv`, `mlp.w13_scale_inv`;
+        ladle/quant/fp8.py, mxfp4.py), with the same shard / expert."""
         if any(re.match(p, name) for p in self.skip):
             return None
-        if name.endswith(SCALE_SUFFIX):
-            found = self.resolve(name[: -len("_scale_inv")])
-            return None if found is None else (found[0] + "_scale_inv", found[1])
+        for suffix in SCALE_SUFFIXES:
+            if name.endswith(suffix):
+                found = self.resolve(name[: -len(suffix)] + ".weight")
+                return None if found is None else (found[0] + "_scale_inv", found[1])
         local = name
         for old, new in self.prefixes:
             if local.startswith(old):
@@ -159,7 +161,8 @@ def init_dummy_weights(model: nn.Module, seed: int, norm_noise: float = 0.1,
                 continue
             if hasattr(p, "init_from_float") and p.init_from_float is None:
                 continue  # a quantization scale: set with its weight
-            r = torch.rand(p.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
+            shape = getattr(p, "dummy_shape", p.shape)  # a packed weight draws its unpacked values
+            r = torch.rand(shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
             if getattr(p, "init_from_float", None) is not None:
                 p.init_from_float(r * bound + centre)  # a quantized weight: quantize the float draw
                 continue
