@@ -71,11 +71,28 @@ def moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM: tl.constexpr):
 
 
 @triton.jit
+def moe_tile_cols(N, BN: tl.constexpr):
+    """This program's tile of a 1-D grid over (M tiles) x cdiv(N, BN), N fastest: (pid_m, offs_n [BN], n_ok)."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BN)
+    offs_n = (pid % num_n) * BN + tl.arange(0, BN)
+    return pid // num_n, offs_n, offs_n < N
+
+
+@triton.jit
 def swigluoai_tile(acc_g, acc_u, alpha, limit):
     """swigluoai on fp32 tiles (same formula as `swigluoai_ref`)."""
     gate = tl.minimum(acc_g, limit)
     up = tl.minimum(tl.maximum(acc_u, -limit), limit)
     return (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+
+
+@triton.jit
+def store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit):
+    """GEMM 1 epilogue: swigluoai of the fp32 gate / up tiles stored to intermediate rows offs_m ([P, N_HALF])."""
+    h = swigluoai_tile(acc_g, acc_u, alpha, limit)
+    out = inter_ptr + offs_m[:, None].to(tl.int64) * N_HALF + offs_n[None, :]
+    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
 @triton.jit
@@ -85,16 +102,11 @@ def _gemm1_kernel(
     stride_xm, stride_we, stride_wn, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N_HALF, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
     tok = (slot // topk_cols).to(tl.int64)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N_HALF
     offs_k = tl.arange(0, BK)
     a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]
@@ -120,9 +132,7 @@ def _gemm1_kernel(
         a_ptrs += BK
         g_ptrs += BK
         u_ptrs += BK
-    h = swigluoai_tile(acc_g, acc_u, alpha, limit)
-    out = inter_ptr + offs_m[:, None].to(tl.int64) * N_HALF + offs_n[None, :]
-    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[None, :])
+    store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit)
 
 
 @triton.jit
@@ -131,15 +141,10 @@ def _gemm2_kernel(
     numel, N, K, stride_we, stride_wn,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N
     offs_k = tl.arange(0, BK)
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
     b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]

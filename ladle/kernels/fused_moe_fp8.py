@@ -2,14 +2,15 @@
 
 Same structure and math as ladle/kernels/fused_moe.py (align by expert, GEMM 1 with the swigluoai epilogue, GEMM 2
 with the routed weight, combine over the k slots; shared helpers `moe_launch_plan`, `moe_tile_rows`,
-`swigluoai_tile` come from there), with the block-wise FP8 mode of kernels_and_limits.md §1.2:
+`moe_tile_cols`, `store_swigluoai` come from there), with the block-wise FP8 mode of kernels_and_limits.md §1.2:
   weights   w13 [E', 2I, H] float8_e4m3fn + w13_scale [E', 2I, ceil(H/128)] float32 (one scale per row per 128-group
             of K, ladle/kernels/fp8_gemm.py), w2 [E', H, I] fp8 + w2_scale [E', H, ceil(I/128)] float32; or MXFP8
             as released: uint8 E8M0 scales [E', 2I, H/32] / [E', H, I/32] (K steps of 32, as in fp8_gemm.py);
   GEMM 1    x quantized per token per 128-group at run time (op "fp8_act_quant"); per K step of 128
             acc += dot(a_q, w_q) * a_scale[:, None] * w_scale[None, :];
   GEMM 2    the intermediate [P, I] is quantized the same way (op "fp8_act_quant"), then the same K loop.
-BLOCK_K is the weight group (128, or 32 for MXFP8); BLOCK_M / BLOCK_N come from the local shape (`select_config`: decode vs prefill tiles).
+BLOCK_K is the weight group (128, or 32 for MXFP8); BLOCK_M / BLOCK_N come from the local shape (`select_config`:
+decode vs prefill tiles).
 The reference `fused_moe_fp8_ref` dequantizes both operands at the same points (x and the intermediate quantized
 by `act_quant_ref`) and runs the per-expert math of `fused_moe_ref`, so it differs from the kernel only by
 summation order (and by the intermediate's rounding to x.dtype).
@@ -24,8 +25,8 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.kernels.fp8_gemm import load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
-from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, moe_launch_plan, moe_tile_rows,
-                                     swigluoai_ref, swigluoai_tile)
+from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, moe_launch_plan, moe_tile_cols,
+                                     moe_tile_rows, swigluoai_ref, store_swigluoai)
 from ladle.observe import dispatch
 
 OP = "fused_moe_fp8"
@@ -48,16 +49,11 @@ def _fp8_gemm1_kernel(
     numel, topk_cols, N_HALF, K, num_kb, num_akb, stride_we, stride_wse, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N_HALF, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
     tok = (slot // topk_cols).to(tl.int64)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N_HALF
     offs_k = tl.arange(0, BK)
     rows_g = offs_n.to(tl.int64)
     rows_u = rows_g + N_HALF
@@ -80,9 +76,7 @@ def _fp8_gemm1_kernel(
         a_ptrs += BK
         g_ptrs += BK
         u_ptrs += BK
-    h = swigluoai_tile(acc_g, acc_u, alpha, limit)
-    out = inter_ptr + offs_m[:, None].to(tl.int64) * N_HALF + offs_n[None, :]
-    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[None, :])
+    store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit)
 
 
 @triton.jit
@@ -91,15 +85,10 @@ def _fp8_gemm2_kernel(
     numel, N, K, num_kb, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N
     offs_k = tl.arange(0, BK)
     rows = offs_m.to(tl.int64)
     a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]

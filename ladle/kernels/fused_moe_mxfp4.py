@@ -7,7 +7,7 @@ per 32 K elements, multiplier 2^(byte - 127). Activations stay in x.dtype (bf16 
 weight bytes set the time and a W4A16 path needs no activation-quant kernel (kernels_and_limits.md §1.3 "Low-batch
 caveat", §1.5: vLLM's Hopper MXFP4 MoE is W4A16 too). Never `tl.dot_scaled` (no MX MMA on Hopper, §5).
 
-Same structure as ladle/kernels/fused_moe.py (shared `moe_launch_plan`, `moe_tile_rows`, `swigluoai_tile`):
+Same structure as ladle/kernels/fused_moe.py (shared `moe_launch_plan`, `moe_tile_rows`, `store_swigluoai`):
 GEMM 1 with the swigluoai epilogue into intermediate [P, I] (x dtype), GEMM 2 with the routed weight into per-slot
 rows, combine over the k slots. Each K step of 32 loads, per weight column, 16 bytes (each byte read for its two
 elements: `_mxfp4_tile`), decodes the codes, multiplies by the group's power of two and runs one tl.dot in x.dtype
@@ -23,7 +23,7 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.kernels.fp8_quant import MX_GROUP, dequant_mxfp4
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, fused_moe_ref, moe_launch_plan,
-                                     moe_tile_rows, swigluoai_tile)
+                                     moe_tile_cols, moe_tile_rows, store_swigluoai)
 from ladle.observe import dispatch
 
 OP = "fused_moe_mxfp4"
@@ -60,16 +60,11 @@ def _mxfp4_gemm1_kernel(
     numel, topk_cols, N_HALF, K, stride_xm, stride_we, stride_wse, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N_HALF, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
     tok = (slot // topk_cols).to(tl.int64)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N_HALF
     rows_g = offs_n.to(tl.int64)
     offs_k = tl.arange(0, BK)
     num_kb = K // BK
@@ -83,9 +78,7 @@ def _mxfp4_gemm1_kernel(
         u = _mxfp4_tile(w_base, rows_g + N_HALF, n_ok, s_base, kb, num_kb, K // 2, BK)
         acc_g = _dot(a, g, acc_g, F32_DOT)
         acc_u = _dot(a, u, acc_u, F32_DOT)
-    h = swigluoai_tile(acc_g, acc_u, alpha, limit)
-    out = inter_ptr + offs_m[:, None].to(tl.int64) * N_HALF + offs_n[None, :]
-    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[None, :])
+    store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit)
 
 
 @triton.jit
@@ -94,15 +87,10 @@ def _mxfp4_gemm2_kernel(
     numel, N, K, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N
     offs_k = tl.arange(0, BK)
     num_kb = K // BK
     acc = tl.zeros([BM, BN], tl.float32)

@@ -161,8 +161,9 @@ class MiniMaxM3ForCausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden_states).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16 or MXFP8 (dequantised
-        here, unless the model was built in FP8 from an HF block-FP8 checkpoint: ladle/quant/fp8.py), through the one name table. Returns the names of parameters whose every piece was written. Raises
+        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16, HF block FP8 or
+        MXFP8 (kept as FP8 when the model was built in FP8 by ladle/quant/config.py, else dequantised here), MXFP4
+        experts, through the one name table. Returns the names of parameters whose every piece was written. Raises
         ValueError on unknown names (outside the documented skip list: vision tower, projector, patch merge, MTP) and
         on shape mismatches."""
         stores_fp8 = any(p.dtype == torch.float8_e4m3fn and not hasattr(p, "load_dtype") for p in self.parameters())

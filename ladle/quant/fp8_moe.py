@@ -23,6 +23,8 @@ from ladle.quant.fp8 import Fp8Config, _param, _quantize_into, expand_scale_rows
 class Fp8FusedMoEMethod:
     """FusedMoE quant method with FP8 block-scaled expert tables, run by op `fused_moe_fp8`."""
 
+    expert_op = staticmethod(fused_moe_fp8)
+
     def __init__(self, config: Fp8Config = Fp8Config()) -> None:
         self.config = config
 
@@ -38,16 +40,22 @@ class Fp8FusedMoEMethod:
                 weight.weight_loader = staged_loader(weight_loader, weight, scale, params_dtype or torch.float32)
                 weight.load_dtype = params_dtype or torch.float32
                 scale.derived_from = name
-            weight.init_from_float = (lambda w, s: lambda v: _quantize_into(w, s, v, self.config.mx))(weight, scale)
-            scale.init_from_float = None
-            layer.register_parameter(name, weight)
-            layer.register_parameter(f"{name}_scale_inv", scale)
+            init = (lambda w, s: lambda v: _quantize_into(w, s, v, self.config.mx))(weight, scale)
+            register_expert_table(layer, name, weight, scale, init)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               use_triton: bool) -> torch.Tensor:
-        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype."""
-        return fused_moe_fp8(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
-                             topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
+        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype, by the method's `expert_op`."""
+        return self.expert_op(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
+                              topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
+
+
+def register_expert_table(layer: nn.Module, name: str, weight: nn.Parameter, scale: nn.Parameter, init) -> None:
+    """Register `name` and `name_scale_inv` on the FusedMoE; dummy weights reach both through `init(values)`."""
+    weight.init_from_float = init
+    scale.init_from_float = None
+    layer.register_parameter(name, weight)
+    layer.register_parameter(f"{name}_scale_inv", scale)
 
 
 def _moe_scale_loader(layer: nn.Module, group: int):

@@ -24,7 +24,7 @@ from ladle.kernels.fp8_quant import MX_GROUP, quantize_mxfp4
 from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4
 from ladle.layers.linear import set_weight_loader
 from ladle.quant.fp8 import Fp8Config, Fp8LinearMethod, _param
-from ladle.quant.fp8_moe import _moe_scale_loader
+from ladle.quant.fp8_moe import Fp8FusedMoEMethod, _moe_scale_loader, register_expert_table
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,13 @@ def _quantize_table(w: nn.Parameter, s: nn.Parameter, values: torch.Tensor) -> N
         s.data[e].copy_(scale)
 
 
-class Mxfp4FusedMoEMethod:
-    """FusedMoE quant method with MXFP4 expert tables (module doc)."""
+class Mxfp4FusedMoEMethod(Fp8FusedMoEMethod):
+    """FusedMoE quant method with MXFP4 expert tables (module doc); `apply` is the FP8 method's, with this op."""
+
+    expert_op = staticmethod(fused_moe_mxfp4)
+
+    def __init__(self) -> None:
+        super().__init__(Fp8Config())
 
     def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: Optional[torch.dtype], device, weight_loader) -> None:
@@ -61,14 +66,6 @@ class Mxfp4FusedMoEMethod:
                                        _moe_scale_loader(layer, 2), 1)
             scale = set_weight_loader(_param((num_rows, rows, k // MX_GROUP), torch.uint8, device),
                                       _moe_scale_loader(layer, MX_GROUP), 1)
-            weight.init_from_float = (lambda w, s: lambda values: _quantize_table(w, s, values))(weight, scale)
             weight.dummy_shape = (num_rows, rows, k)
-            scale.init_from_float = None
-            layer.register_parameter(name, weight)
-            layer.register_parameter(f"{name}_scale_inv", scale)
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-              use_triton: bool) -> torch.Tensor:
-        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype."""
-        return fused_moe_mxfp4(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
-                               topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
+            register_expert_table(layer, name, weight, scale,
+                                  (lambda w, s: lambda values: _quantize_table(w, s, values))(weight, scale))

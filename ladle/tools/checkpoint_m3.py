@@ -1,4 +1,5 @@
-"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank [--dtype bf16|mxfp8|mxfp4] [--config-only] [--num-layers N] OUT`.
+"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank [--dtype bf16|mxfp8|mxfp4] [--config-only]
+[--num-layers N] OUT`.
 
 Writes a synthetic MiniMax-M3 checkpoint in the *release* layout (design/minimax_m3.md §1.1, §2, §5): root
 `minimax_m3_vl` wrapper config written by hand in the release form (freq lists, `sparse_attention_config`, flat

@@ -43,7 +43,8 @@ def _hf_state(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
                     p + "mlp.down_proj.weight": sd[p + "mlp.down_proj.weight"]})
         for n in ("input_layernorm", "post_attention_layernorm"):
             out[p + n + ".weight"] = sd[p + n + ".weight"]
-    out["model.embed_tokens.weight"], out["model.norm.weight"] = sd["model.embed_tokens.weight"], sd["model.norm.weight"]
+    for n in ("model.embed_tokens.weight", "model.norm.weight"):
+        out[n] = sd[n]
     out["lm_head.weight"] = sd["lm_head.weight"]
     assert h == 192
     return {k: v.contiguous() for k, v in out.items()}

@@ -103,7 +103,8 @@ def test_fused_moe_fp8_checkpoint_and_online_agree():
             ps.weight_loader(ps, s, shard, expert_id=e)
     row = 4  # the folded shared expert
     w13_deq = dequant_block_fp8(ckpt_moe.w13[row], ckpt_moe.w13_scale_inv[row], torch.float64)
-    want = torch.cat([dequant_block_fp8(*quantize_block_fp8(experts["shared"][w]), torch.float64) for w in ("w1", "w3")])
+    want = torch.cat([dequant_block_fp8(*quantize_block_fp8(experts["shared"][w]), torch.float64)
+                      for w in ("w1", "w3")])
     assert torch.equal(w13_deq, want)
     x = torch.randn(9, 136)
     ref_w13 = torch.stack([torch.cat([experts[e]["w1"], experts[e]["w3"]]) for e in (0, 1, 2, 3, "shared")])

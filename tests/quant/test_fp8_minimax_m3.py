@@ -2,8 +2,8 @@
 checkpoint's dequantized values, and the w8a8 forward matches transformers on the dequantized weights.
 
 The oracle: transformers in float32 on the dequantized weights, with its `F.linear` calls fed the same per-token
-128-group e4m3 fake-quantized activations ladle computes (eager experts, so they call F.linear too; router and lm_head excluded: ladle keeps them
-unquantized). Without that the tiny random model is chaotic: the ~2.6% activation rounding of layer 0 grows to
+128-group e4m3 fake-quantized activations ladle computes (eager experts, so they call F.linear too; router and
+lm_head excluded: ladle keeps them unquantized). Without that the tiny random model is chaotic: the ~2.6% activation rounding of layer 0 grows to
 cosine 0.35 at the logits (measured), which says nothing about correctness. With it the remaining differences are
 float32 summation order and the rare fp8 rounding flip it causes: cosine >= COS_MIN per position.
 """
@@ -48,7 +48,8 @@ def _ckpt(d):
 def test_mxfp8_weights_kept_and_dequantize_exactly(mx):
     d, ours = mx
     ckpt = _ckpt(d)
-    deq = lambda base: dequant_block_fp8(ckpt[base + ".weight"], ckpt[base + ".weight_scale_inv"], torch.float64)  # noqa: E731
+    def deq(base):
+        return dequant_block_fp8(ckpt[base + ".weight"], ckpt[base + ".weight_scale_inv"], torch.float64)
     layer = ours.layers[3]
     p = "language_model.model.layers.3."
     qkv = layer.self_attn.qkv_proj

@@ -5,7 +5,8 @@ Threshold 0.85, justified: w8a8 block FP8 perturbs each GEMM by ~3% relative (e4
 tests/quant/test_fp8_kernels.py), a 135M model's next-token distribution on technical prose is flat (many
 positions have top-2 logit gaps well under that perturbation), so a few percent of argmax flips are expected; a
 broken quantizer (wrong scale, wrong block, swapped rows) drops agreement far below 50%. Observed when written:
-0.903 over one 2,048-token sequence, 0.899 over 4 x 512 (the margin to 0.85 absorbs edits of the docs). Runs the torch references (OpBackends.reference()).
+0.903 over one 2,048-token sequence, 0.899 over 4 x 512 (the margin to 0.85 absorbs edits of the docs).
+Runs the torch references (OpBackends.reference()).
 """
 
 from __future__ import annotations

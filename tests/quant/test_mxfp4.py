@@ -107,7 +107,8 @@ def test_tiny_m3_mxfp4_against_transformers_on_dequantized_weights(tmp_path):
         base = "language_model.model.layers.2.block_sparse_moe."
         want = torch.cat([twin[base + f"experts.3.w{i}.weight"] for i in (1, 3)])
         assert torch.equal(dequant_mxfp4(moe.w13[3], moe.w13_scale_inv[3]), want)
-        assert torch.equal(dequant_mxfp4(moe.w2[-1], moe.w2_scale_inv[-1]), twin[base + "shared_experts.down_proj.weight"])
+        shared_down = twin[base + "shared_experts.down_proj.weight"]
+        assert torch.equal(dequant_mxfp4(moe.w2[-1], moe.w2_scale_inv[-1]), shared_down)
         theirs = M.MiniMaxM3SparseForConditionalGeneration.from_pretrained(str(tmp_path / "twin"),
                                                                             dtype=torch.float32).eval()
         ids = torch.randint(3, 512, (60,), generator=torch.Generator().manual_seed(4)).tolist()
