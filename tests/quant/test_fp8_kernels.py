@@ -111,11 +111,12 @@ def test_fused_moe_mxfp8_as_released():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 32, 512, 4096])
-def test_fp8_gemm_gpu_real_shapes(m):
+@pytest.mark.parametrize("quantize", [quantize_fp8_rows, quantize_mxfp8], ids=["fp8_128", "mxfp8"])
+def test_fp8_gemm_gpu_real_shapes(m, quantize):
     """M3 TP4-rank q|k|v|iq|ik projection (6144 -> 2688) and o_proj (2048 -> 6144) at decode and prefill sizes."""
     for n, k in ((2688, 6144), (6144, 2048)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w_q, w_s = quantize_fp8_rows(torch.randn(n, k, device="cuda") / k ** 0.5)
+        w_q, w_s = quantize(torch.randn(n, k, device="cuda") / k ** 0.5)
         a_q, a_s = act_quant_triton(x)
         ref = fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64)
         assert _rel(fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.bfloat16), ref) < 1e-2
