@@ -229,8 +229,6 @@ def strip_no_op_flags(argv: list[str]) -> list[str]:
 
 # What ladle offers instead of a vLLM flag it does not implement (the rest get the generic sentence).
 INSTEAD = {
-    "--quantization": "ladle loads bf16/fp16/fp32 safetensors, MXFP8 checkpoints (dequantised at load) and GGUF "
-                      "files as they are; leave it out",
     "--pipeline-parallel-size": "ladle runs a model on 1 GPU",
     "--data-parallel-size": "ladle runs one engine; start one `ladle serve` per GPU behind a load balancer",
     "--speculative-config": "ladle has no speculative decoding",

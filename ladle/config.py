@@ -48,6 +48,11 @@ class ModelConfig:
         "load only the text model of a multimodal checkpoint (always: ladle has no vision or audio encoder, so "
         "--no-language-model-only is refused)")
     device: str = _f("auto", "--device", "auto (cuda if available, else cpu), cpu, cuda")
+    quantization: Optional[str] = _f(
+        None, "--quantization",
+        "fp8: quantize float (bf16/fp32, or dummy) weights to FP8 E4M3 with 128x128 block scales at load and run "
+        "w8a8 block-scaled GEMMs; default: the checkpoint's own quantization_config (HF block FP8 and MXFP8 "
+        "checkpoints load as FP8)")
 
 
 @dataclass(frozen=True)

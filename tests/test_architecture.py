@@ -19,7 +19,8 @@ ALLOWED = {
     "core": {"core"},
     "engine": {"engine", "core", "runner", "models", "observe"},
     "runner": {"runner", "core", "models", "layers", "kernels", "distributed", "observe"},
-    "models": {"models", "layers", "kernels", "distributed", "observe"},
+    "models": {"models", "quant", "layers", "kernels", "distributed", "observe"},
+    "quant": {"quant", "layers", "kernels", "distributed", "observe"},  # quant methods for the layer kit
     "layers": {"layers", "kernels", "distributed", "observe"},
     "distributed": {"distributed", "observe"},  # process groups and collectives (tensor parallelism)
     "kernels": {"kernels", "observe"},

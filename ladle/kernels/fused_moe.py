@@ -61,25 +61,52 @@ def select_config(num_tokens: int) -> MoETileConfig:
 
 
 @triton.jit
+def moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM: tl.constexpr):
+    """Rows of M tile `pid_m` of the aligned order: (expert id int64, offs_m [BM] positions in sorted order,
+    slot [BM] = token * k + i (>= numel for padding), row_ok [BM])."""
+    e = tl.load(expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    slot = tl.load(sorted_ptr + offs_m)
+    return e, offs_m, slot, slot < numel
+
+
+@triton.jit
+def moe_tile_cols(N, BN: tl.constexpr):
+    """This program's tile of a 1-D grid over (M tiles) x cdiv(N, BN), N fastest: (pid_m, offs_n [BN], n_ok)."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BN)
+    offs_n = (pid % num_n) * BN + tl.arange(0, BN)
+    return pid // num_n, offs_n, offs_n < N
+
+
+@triton.jit
+def swigluoai_tile(acc_g, acc_u, alpha, limit):
+    """swigluoai on fp32 tiles (same formula as `swigluoai_ref`)."""
+    gate = tl.minimum(acc_g, limit)
+    up = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    return (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+
+
+@triton.jit
+def store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit):
+    """GEMM 1 epilogue: swigluoai of the fp32 gate / up tiles stored to intermediate rows offs_m ([P, N_HALF])."""
+    h = swigluoai_tile(acc_g, acc_u, alpha, limit)
+    out = inter_ptr + offs_m[:, None].to(tl.int64) * N_HALF + offs_n[None, :]
+    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[None, :])
+
+
+@triton.jit
 def _gemm1_kernel(
     x_ptr, w_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
     numel, topk_cols, N_HALF, K,
     stride_xm, stride_we, stride_wn, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N_HALF, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
-    e = tl.load(expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    slot = tl.load(sorted_ptr + offs_m)
-    row_ok = slot < numel
+    e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
     tok = (slot // topk_cols).to(tl.int64)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N_HALF
     offs_k = tl.arange(0, BK)
     a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]
@@ -105,11 +132,7 @@ def _gemm1_kernel(
         a_ptrs += BK
         g_ptrs += BK
         u_ptrs += BK
-    gate = tl.minimum(acc_g, limit)
-    up = tl.minimum(tl.maximum(acc_u, -limit), limit)
-    h = (up + 1.0) * gate * tl.sigmoid(alpha * gate)
-    out = inter_ptr + offs_m[:, None].to(tl.int64) * N_HALF + offs_n[None, :]
-    tl.store(out, h.to(inter_ptr.dtype.element_ty), mask=n_ok[None, :])
+    store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit)
 
 
 @triton.jit
@@ -118,18 +141,10 @@ def _gemm2_kernel(
     numel, N, K, stride_we, stride_wn,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BN)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
-    e = tl.load(expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    slot = tl.load(sorted_ptr + offs_m)
-    row_ok = slot < numel
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    n_ok = offs_n < N
+    e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
     offs_k = tl.arange(0, BK)
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
     b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]
@@ -152,6 +167,18 @@ def _gemm2_kernel(
     acc = acc * wt[:, None]
     out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out, acc, mask=row_ok[:, None] & n_ok[None, :])
+
+
+def moe_launch_plan(topk_ids: torch.Tensor, num_experts: int, H: int, I: int,
+                    config: Optional[MoETileConfig] = None, block_k: Optional[int] = None):
+    """Shared host half of the fused MoE launchers: (tile config from the local shape, (BN1, BN2, BK1, BK2) clipped
+    to the problem, moe_align outputs (sorted_ids, expert_ids, num_tokens_post_padded)). block_k forces BK (FP8:
+    the 128 scale group)."""
+    cfg = config or select_config(topk_ids.shape[0])
+    bk = block_k or cfg.block_k
+    tiles = (min(cfg.block_n1, triton.next_power_of_2(I)), min(cfg.block_n2, triton.next_power_of_2(H)),
+             block_k or min(bk, triton.next_power_of_2(H)), block_k or min(bk, triton.next_power_of_2(I)))
+    return cfg, tiles, moe_align_triton(topk_ids, num_experts, cfg.block_m)
 
 
 def fused_moe_ineligible(x: torch.Tensor, w13: torch.Tensor) -> Optional[str]:
@@ -187,14 +214,8 @@ def fused_moe_triton(
     k = topk_ids.shape[1]
     if T == 0:
         return torch.empty_like(x)
-    cfg = config or select_config(T)
-    bm = cfg.block_m
-    bn1 = min(cfg.block_n1, triton.next_power_of_2(I))
-    bn2 = min(cfg.block_n2, triton.next_power_of_2(H))
-    bk1 = min(cfg.block_k, triton.next_power_of_2(H))
-    bk2 = min(cfg.block_k, triton.next_power_of_2(I))
-    sorted_ids, expert_ids, npp = moe_align_triton(topk_ids, E, bm)
-    P = sorted_ids.numel()
+    cfg, (bn1, bn2, bk1, bk2), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config)
+    bm, P = cfg.block_m, sorted_ids.numel()
     f32 = x.dtype == torch.float32 or interpreting()
     inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
     _gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](

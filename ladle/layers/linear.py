@@ -14,8 +14,9 @@ merged layer ("q"/"k"/"v"/extra heads for QKVParallelLinear, 0..n-1 for MergedCo
 whole tensor, for a merged layer the pieces already concatenated in shard order). Raises ValueError on an unknown
 shard or a shape mismatch. `param.shard_dim` says which dim is split over ranks (None: replicated).
 
-Quantization slot: each layer has `quant_method` (an `UnquantizedLinearMethod` now), whose
-`create_weights(layer, ...)` registers the parameters and `apply(layer, x, bias)` runs the GEMM.
+Quantization slot: each layer has `quant_method` (the constructor's, else the construction scope's — see
+ladle/layers/quant_slot.py —, else an `UnquantizedLinearMethod`), whose `create_weights(layer, ...)` registers the
+parameters and `apply(layer, x, bias)` runs the GEMM (FP8: ladle/quant/fp8.py).
 
 Head-sharded outputs (QKVParallelLinear): n heads over tp ranks give n/tp heads per rank when n >= tp; when
 tp > n (more ranks than KV heads) each head is held by tp/n ranks, rank r holding head r // (tp/n):
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ladle.distributed.parallel_state import tensor_model_parallel_all_reduce
+from ladle.layers.quant_slot import scoped_linear_method
 
 
 def head_shard(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -132,7 +134,7 @@ class ColumnParallelLinear(nn.Module):
             local += per_rank * head_size
         self.output_partition_sizes = [s.rows for s in self.shards.values()]
         self.output_size_per_partition = local
-        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method = quant_method or scoped_linear_method("column") or UnquantizedLinearMethod()
         self.quant_method.create_weights(self, input_size, self.output_partition_sizes, dtype, device,
                                          self.weight_loader, shard_dim=0)
         self.bias = None
@@ -229,7 +231,7 @@ class RowParallelLinear(nn.Module):
         self.input_size, self.output_size = input_size, output_size
         self.tp_rank, self.tp_size, self.reduce_results = tp_rank, tp_size, reduce_results
         self.input_size_per_partition = input_size // tp_size
-        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method = quant_method or scoped_linear_method("row") or UnquantizedLinearMethod()
         self.quant_method.create_weights(self, self.input_size_per_partition, [output_size], dtype, device,
                                          self.weight_loader, shard_dim=1)
         self.bias = None

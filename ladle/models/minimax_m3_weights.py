@@ -20,12 +20,12 @@ exponent and the dequantised value is fp8 × 2^(byte − 127) (a multiplier desp
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Iterable, Iterator
 
 import torch
 
+from ladle.kernels.fp8_quant import dequant_block_fp8, quantize_mxfp8  # noqa: F401  (re-exported)
 from ladle.models.minimax_m3_config import M3Config
 from ladle.models.weights import WeightNameTable, WeightRule
 
@@ -34,33 +34,6 @@ SKIP_PREFIXES = ("vision_tower.", "multi_modal_projector.", "patch_merge_mlp.", 
                  "model.multi_modal_projector.", "mtp.", "model.mtp.", "language_model.mtp.")
 PREFIXES = (("language_model.model.", ""), ("language_model.lm_head.", "lm_head."),
             ("model.language_model.", ""), ("model.", ""))
-
-
-def dequant_block_fp8(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Block-scaled FP8 -> float32. weight [N, K] float8_e4m3fn; scale [sN, sK] uint8 E8M0 (2^(b-127)) or float.
-
-    Block sizes come from the scale grid: ceil(N/sN) rows × ceil(K/sK) columns (MXFP8: 1 × 32).
-    """
-    n, k = weight.shape
-    sn, sk = scale.shape
-    mult = torch.exp2(scale.float() - 127.0) if scale.dtype == torch.uint8 else scale.float()
-    bn, bk = math.ceil(n / sn), math.ceil(k / sk)
-    mult = mult.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
-    return weight.float() * mult
-
-
-def quantize_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float [N, K] (K % 32 == 0) -> (float8_e4m3fn [N, K], uint8 E8M0 scale [N, K/32]).
-
-    Exponent per 32-block: the smallest e with amax / 2^e <= 448 (e4m3 max), stored as e + 127.
-    """
-    n, k = w.shape
-    assert k % 32 == 0, f"K={k} must be a multiple of 32"
-    blocks = w.float().view(n, k // 32, 32)
-    amax = blocks.abs().amax(-1).clamp(min=2.0 ** -100)
-    e = torch.ceil(torch.log2(amax / 448.0)).clamp(-127, 127)
-    q = (blocks / torch.exp2(e)[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(n, k)
-    return q, (e + 127).to(torch.uint8)
 
 
 L = r"(layers\.\d+)\."  # every per-layer rule starts with it; group 1 = "layers.N"

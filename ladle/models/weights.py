@@ -42,6 +42,9 @@ class TPShard:
         return {"tp_rank": self.rank, "tp_size": self.size}
 
 
+SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # block-FP8 / MXFP8, and MXFP4 (ladle/quant/mxfp4.py)
+
+
 class UnknownWeightError(KeyError, ValueError):
     """A checkpoint tensor that no table row maps to a parameter of the model (a KeyError and a ValueError)."""
 
@@ -89,9 +92,16 @@ class WeightNameTable:
     skip: tuple[str, ...] = ()
 
     def resolve(self, name: str) -> Optional[tuple[str, dict]]:
-        """(parameter name, loader kwargs), or None for a skipped tensor. Raises UnknownWeightError."""
+        """(parameter name, loader kwargs), or None for a skipped tensor. Raises UnknownWeightError.
+        A quantization scale `X.weight_scale_inv` (block FP8, MXFP8) or `X.weight_scale` (MXFP4) resolves as
+        `X.weight` does, to that parameter's name + "_scale_inv" (`qkv_proj.weight_scale_inv`, `mlp.w13_scale_inv`;
+        ladle/quant/fp8.py, mxfp4.py), with the same shard / expert."""
         if any(re.match(p, name) for p in self.skip):
             return None
+        for suffix in SCALE_SUFFIXES:
+            if name.endswith(suffix):
+                found = self.resolve(name[: -len(suffix)] + ".weight")
+                return None if found is None else (found[0] + "_scale_inv", found[1])
         local = name
         for old, new in self.prefixes:
             if local.startswith(old):
@@ -129,11 +139,17 @@ def load_weights_by_table(model: nn.Module, weights: Iterable[tuple[str, torch.T
         pieces.add(key)
         param = params[pname]
         try:
-            n = param.weight_loader(param, tensor.to(param.dtype), **kwargs)
+            n = param.weight_loader(param, tensor.to(getattr(param, "load_dtype", param.dtype)), **kwargs)
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
         written[pname] = written.get(pname, 0) + n
-    return {p for p, n in written.items() if n >= params[p].numel()}
+    done = {p for p, n in written.items() if n >= params[p].numel()}
+    return done | {p for p, param in params.items() if _sibling(p, getattr(param, "derived_from", None)) in done}
+
+
+def _sibling(pname: str, attr: Optional[str]) -> Optional[str]:
+    """Full name of the parameter `attr` of the module that holds `pname` (None when attr is None)."""
+    return None if attr is None else ".".join(pname.split(".")[:-1] + [attr])
 
 
 @torch.no_grad()
@@ -163,6 +179,15 @@ def init_dummy_weights(model: nn.Module, seed: int, norm_noise: float = 0.1,
                 bound = bound if max_abs is None else min(bound, max_abs)
             if bound == 0.0:
                 p.fill_(centre)
+                continue
+            if hasattr(p, "init_from_float") and p.init_from_float is None:
+                continue  # a quantization scale: set with its weight
+            if getattr(p, "init_from_float", None) is not None:
+                # a quantized weight: quantize a float draw of this rank's (unpacked) shape; with tensor parallelism
+                # a dummy quantized shard is therefore not a slice of the one-rank model's (stated, not equal)
+                r = torch.rand(getattr(p, "dummy_shape", p.shape), generator=gen, device=device,
+                               dtype=torch.float32) * 2 - 1
+                p.init_from_float(r * bound + centre)
                 continue
             r = torch.rand(full_p.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
             full = (r * bound + centre).to(p.dtype)

@@ -1,4 +1,5 @@
-"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank [--dtype bf16|mxfp8] [--config-only] [--num-layers N] OUT`.
+"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank [--dtype bf16|mxfp8|mxfp4] [--config-only]
+[--num-layers N] OUT`.
 
 Writes a synthetic MiniMax-M3 checkpoint in the *release* layout (design/minimax_m3.md §1.1, §2, §5): root
 `minimax_m3_vl` wrapper config written by hand in the release form (freq lists, `sparse_attention_config`, flat
@@ -35,7 +36,7 @@ from typing import Iterator
 import torch
 from safetensors.torch import save_file
 
-from ladle.models.minimax_m3_weights import quantize_mxfp8
+from ladle.kernels.fp8_quant import quantize_mxfp4, quantize_mxfp8
 from ladle.tools.minimax_m3_tokenizer import write_tokenizer
 
 SHARD_BYTES = {"tiny": 300_000, "small": 200 << 20, "tp4-rank": 4 << 30}
@@ -118,6 +119,9 @@ def root_config(tc: dict, dtype: str) -> dict:
         "video_token_index": 6 if tc["vocab_size"] < 200060 else 200026,
         "bos_token_id": tc["bos_token_id"], "eos_token_id": tc["eos_token_id"], "torch_dtype": "bfloat16",
     }
+    if dtype == "mxfp4":
+        cfg["quantization_config"] = {"quant_method": "mxfp4", "weight_block_size": [1, 32],
+                                      "quantized_modules": "block_sparse_moe experts and shared_experts"}
     if dtype == "mxfp8":
         gates = [f"language_model.model.layers.{i}.block_sparse_moe.gate"
                  for i, f in enumerate(tc["moe_layer_freq"]) if f]
@@ -196,6 +200,10 @@ def _tensors(tc: dict, dtype: str, seed: int) -> Iterator[tuple[str, torch.Tenso
             q, s = quantize_mxfp8(x)
             yield name, q
             yield name + "_scale_inv", s
+        elif dtype == "mxfp4" and ".block_sparse_moe." in name and kind in ("gate_up", "down"):
+            packed, s = quantize_mxfp4(x)  # routed and shared experts (ladle/quant/mxfp4.py)
+            yield name, packed
+            yield name[: -len(".weight")] + ".weight_scale", s
         else:
             yield name, x.to(torch.bfloat16)
 
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ladle make-checkpoint minimax-m3",
                                  description="write a synthetic MiniMax-M3 checkpoint in the release layout")
     ap.add_argument("--preset", choices=sorted(SHARD_BYTES), default="tiny")
-    ap.add_argument("--dtype", choices=["bf16", "mxfp8"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "mxfp8", "mxfp4"], default="bf16")
     ap.add_argument("--config-only", action="store_true", help="config + tokenizer only (for --load-format dummy)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-layers", type=int, default=None,

@@ -33,7 +33,9 @@ def test_unsupported_vllm_flag_subprocess():
 
 
 @pytest.mark.parametrize("argv,flag", [
-    (["--quantization=fp8"], "--quantization"), (["-q", "fp8"], "-q"), (["--async-scheduling"], "--async-scheduling"),
+    # (--quantization / -q were the examples here until `--quantization fp8` landed: ladle/quant/config.py)
+    (["--pipeline-parallel-size=2"], "--pipeline-parallel-size"), (["-pp", "2"], "-pp"),
+    (["--async-scheduling"], "--async-scheduling"),
     (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill"),
     (["m.gguf", "--speculative-config", "{}"], "--speculative-config"),
 ])

@@ -1,0 +1,170 @@
+"""FP8 w8a8 block-scaled dense GEMM: y = dequant(a_q, a_scale) @ dequant(w_q, w_scale)^T.
+
+Inputs (formats in ladle/kernels/fp8_quant.py): activations a_q [M, K] float8_e4m3fn with a_scale [M, ceil(K/128)]
+float32 (per token per 128-element K group, quantized at run time by op "fp8_act_quant"); weight w_q [N, K]
+float8_e4m3fn (K contiguous, kernels_and_limits.md §5) with w_scale [N, ceil(K/128)] float32: one scale per
+output row per 128-wide K group ("row-expanded" block scales). A 128x128-block checkpoint is stored with its block
+scale repeated over the block's 128 rows (same values, so the product is unchanged); that makes merged layers
+(q|k|v, gate|up) whose pieces do not start on a 128-row boundary, and tensor-parallel row slices, exact. Cost: the
+scales add 4/128 = 3.1% to the weight bytes read (a 128-row-block variant for aligned layers is a follow-up).
+
+MXFP8 weights (design/minimax_m3.md §2.2) run as stored: w_scale [N, K/32] uint8 E8M0 (2^(byte - 127)), one per 32
+K elements; the kernel then steps K by 32 (BLOCK_K = the weight group) and converts the byte in registers. Keeping
+the release bytes is exact by construction; re-laying them to 128-groups would round small elements of groups
+whose exponent is below the 128-group maximum (kernels_and_limits.md §5), and dequantising to bf16 doubles the
+bytes. The price is a K=32 MMA per step (4x the scale multiplies of the 128 path): measure on the H200.
+
+Math (block-wise mode of kernels_and_limits.md §1.2): for each K step kb of the weight group (128, or 32 for MXFP8),
+    acc[m, n] += (a_q[m, kb] . w_q[n, kb]) * a_scale[m, kb*BK // 128] * w_scale[n, kb]
+in float32, so every K step is promoted out of the fp8 MMA accumulator (DeepSeek-V3 §3.3.2). BLOCK_K is therefore
+the weight group; BLOCK_N is free (the weight scale is loaded per column). Ragged M, N, K are masked.
+
+Kernel `_fp8_gemm_kernel`: 2-D grid (cdiv(M, BM), cdiv(N, BN)); the tile is chosen from the local M
+(`select_gemm_config`). `fp8_gemm_ref` dequantizes both operands and multiplies in `compute_dtype`.
+For large M on CUDA, `torch._scaled_mm` (cuBLASLt) is a possible alternative; it takes per-tensor or row-wise
+scales only on sm_90, so it would need a different weight scale layout. Which one is faster is left to a GPU
+measurement; today every M runs this kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
+from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP, MX_GROUP, act_quant, dequant_block_fp8
+from ladle.observe import dispatch
+
+OP = "fp8_gemm"
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 weight [N, K] + [N, K/128] fp32 scales")
+
+
+@dataclass(frozen=True)
+class GemmTileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def select_gemm_config(num_tokens: int) -> GemmTileConfig:
+    """Decode sizes (M <= 64) stream the weight with the smallest MMA M tile and narrow N tiles for more CTAs;
+    larger M reuses each weight tile over 64-128 rows. Untuned on the H200 (a first guess: measure)."""
+    if num_tokens <= 16:
+        return GemmTileConfig(16, 64, 4, 4)
+    if num_tokens <= 64:
+        return GemmTileConfig(32, 64, 4, 4)
+    if num_tokens <= 256:
+        return GemmTileConfig(64, 128, 4, 3)
+    return GemmTileConfig(128, 128, 8, 3)
+
+
+@triton.jit
+def load_weight_scale(ptrs, mask, E8M0: tl.constexpr):
+    """One K step's weight scales [BN] as float32: fp32 as stored, or uint8 E8M0 bytes -> 2^(byte - 127)."""
+    if E8M0:
+        return tl.exp2(tl.load(ptrs, mask=mask, other=127).to(tl.float32) - 127.0)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, num_kb, num_akb,
+    stride_am, stride_wn, stride_ym,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN] view of [N, K]
+    as_ptrs = as_ptr + offs_m.to(tl.int64) * num_akb
+    ws_ptrs = ws_ptr + offs_n.to(tl.int64) * num_kb
+    acc = tl.zeros([BM, BN], tl.float32)
+    for kb in range(0, num_kb):
+        k_ok = offs_k + kb * BK < K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        a_s = tl.load(as_ptrs + kb * BK // 128, mask=m_ok, other=0.0)  # activation groups are 128 wide
+        w_s = load_weight_scale(ws_ptrs + kb, n_ok, E8M0)
+        if F32_DOT:  # the interpreter: exact fp32 products of fp8 values
+            part = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:
+            part = tl.dot(a, w)
+        acc += part * a_s[:, None] * w_s[None, :]
+        a_ptrs += BK
+        w_ptrs += BK
+    y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                    out_dtype: torch.dtype, config: Optional[GemmTileConfig] = None) -> torch.Tensor:
+    """a_q [M, K] fp8, a_scale [M, ceil(K/128)] fp32, w_q [N, K] fp8, w_scale [N, ceil(K/128)] fp32
+    -> y [M, N] in out_dtype. No host sync; grid from shapes only."""
+    m, k = a_q.shape
+    n, kw = w_q.shape
+    w_group = weight_group(w_scale)
+    num_kb = triton.cdiv(k, w_group)
+    assert kw == k and a_q.dtype == w_q.dtype == FP8_DTYPE, f"a {tuple(a_q.shape)} w {tuple(w_q.shape)}"
+    assert a_scale.shape == (m, triton.cdiv(k, GROUP)) and w_scale.shape == (n, num_kb)
+    assert a_scale.dtype == torch.float32 and a_scale.is_contiguous() and w_scale.is_contiguous()
+    assert a_q.stride(1) == 1 and w_q.stride(1) == 1
+    y = torch.empty((m, n), dtype=out_dtype, device=a_q.device)
+    if m == 0:
+        return y
+    cfg = config or select_gemm_config(m)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    _fp8_gemm_kernel[grid](a_q, a_scale, w_q, w_scale, y, m, n, k, num_kb, a_scale.shape[1], a_q.stride(0),
+                           w_q.stride(0), y.stride(0), BM=cfg.block_m, BN=cfg.block_n, BK=w_group,
+                           E8M0=w_scale.dtype == torch.uint8, F32_DOT=interpreting(),
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
+
+
+def weight_group(w_scale: torch.Tensor) -> int:
+    """K elements per weight scale: 32 for MXFP8's uint8 E8M0 scales, 128 for float32 block scales."""
+    assert w_scale.dtype in (torch.uint8, torch.float32), w_scale.dtype
+    return MX_GROUP if w_scale.dtype == torch.uint8 else GROUP
+
+
+def fp8_gemm_ref(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                 out_dtype: torch.dtype, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reference: dequantize both operands (exact) and multiply in `compute_dtype` (float64 in tests)."""
+    a = dequant_block_fp8(a_q, a_scale, compute_dtype)
+    w = dequant_block_fp8(w_q, w_scale, compute_dtype)
+    return (a @ w.T).to(out_dtype)
+
+
+def fp8_gemm_ineligible(x: torch.Tensor, w_q: torch.Tensor) -> Optional[str]:
+    """Eligibility rule of the Triton path: None when it may run, else the reason."""
+    reason = triton_ok(x, w_q)
+    if reason:
+        return reason
+    if w_q.dtype != FP8_DTYPE or w_q.stride(-1) != 1:
+        return f"weight {w_q.dtype} (needs float8_e4m3fn, K contiguous)"
+    return None
+
+
+def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               *, use_triton: bool) -> torch.Tensor:
+    """y = x W^T (+ b) with W block-FP8: x [..., K] float -> activations quantized per token per 128-group
+    (op "fp8_act_quant"), then the w8a8 GEMM (op "fp8_gemm", bucket = M). Returns [..., N] in x.dtype.
+    Both paths quantize the activations identically, so they differ only by float32 summation order."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    fast = decide_triton(OP, x2.shape[0], use_triton, fp8_gemm_ineligible(x2, w_q))
+    a_q, a_scale = act_quant(x2.contiguous(), use_triton=fast)
+    if fast:
+        y = fp8_gemm_triton(a_q, a_scale, w_q, w_scale, x.dtype)
+    else:
+        y = fp8_gemm_ref(a_q, a_scale, w_q, w_scale, x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*lead, w_q.shape[0])

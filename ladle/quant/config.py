@@ -1,0 +1,51 @@
+"""Which quantization a model is built with: the checkpoint's `quantization_config` and `--quantization`.
+
+  checkpoint quant_method "fp8" with weight_block_size [128, 128] (HF block FP8: DeepSeek-V3, Qwen3-FP8)
+      -> Fp8Config(from_checkpoint=True): FP8 weights and scales kept as stored (rows expanded).
+  checkpoint "mxfp8" (MiniMax-M3-MXFP8, design/minimax_m3.md §2.2) -> Fp8Config(from_checkpoint=True, mx=True):
+      the release's fp8 values and E8M0 scales kept byte for byte (the kernels read 32-groups); --quantization fp8
+      changes nothing for it.
+  checkpoint "mxfp4" (ladle's MXFP4-experts layout, ladle/quant/mxfp4.py) -> Mxfp4Config: experts MXFP4 as stored,
+      linears in the model dtype, or FP8 quantized at load with --quantization fp8.
+  --quantization fp8 on a float checkpoint (or --load-format dummy) -> Fp8Config(from_checkpoint=False).
+Anything else raises ValueError with the supported values.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ladle.config import ModelConfig
+from ladle.quant.fp8 import Fp8Config
+from ladle.quant.mxfp4 import Mxfp4Config
+
+QUANTIZATIONS = ("fp8",)
+
+
+def checkpoint_quant_method(hf_config: dict) -> Optional[str]:
+    """`quantization_config.quant_method` of the root config (or of its text config), lower-case, or None."""
+    qc = hf_config.get("quantization_config") or (hf_config.get("text_config") or {}).get("quantization_config") or {}
+    method = qc.get("quant_method")
+    if method in ("mxfp8", "mxfp4") and list(qc.get("weight_block_size") or [1, 32]) != [1, 32]:
+        raise ValueError(f"{method} checkpoint with weight_block_size {qc.get('weight_block_size')}; expected [1, 32]")
+    if method == "fp8" and list(qc.get("weight_block_size") or []) != [128, 128]:
+        raise ValueError(f"FP8 checkpoint with weight_block_size {qc.get('weight_block_size')}: ladle reads "
+                         "[128, 128] block scales only")
+    return None if method is None else str(method).lower()
+
+
+def quant_config_of(model_config: ModelConfig, hf_config: dict) -> "Fp8Config | Mxfp4Config | None":
+    """The quant config to build the model with (module doc), None for an unquantized model."""
+    flag = model_config.quantization
+    if flag is not None and flag not in QUANTIZATIONS:
+        raise ValueError(f"--quantization {flag!r}; ladle supports {', '.join(QUANTIZATIONS)}")
+    method = checkpoint_quant_method(hf_config)
+    if method == "fp8":
+        return Fp8Config(from_checkpoint=True)
+    if method == "mxfp8":
+        return Fp8Config(from_checkpoint=True, mx=True)
+    if method == "mxfp4":
+        return Mxfp4Config(linear_fp8=flag == "fp8")
+    if method is not None:
+        raise ValueError(f"checkpoint quant_method {method!r} is not supported (fp8, mxfp8, mxfp4)")
+    return Fp8Config(from_checkpoint=False) if flag == "fp8" else None
