@@ -161,13 +161,13 @@ def test_attention_layer_triton_seam_calls_kernel_entry_points(monkeypatch):
 
     calls = []
 
-    def fake_store(*args, use_triton):
+    def fake_store(*args, use_triton, **scales):  # scales: the KV cache's k_scale / v_scale (1.0 here)
         calls.append(("store", use_triton))
-        store_kvcache_ref(*args)
+        store_kvcache_ref(*args, **scales)
 
-    def fake_attend(*args, use_triton):
+    def fake_attend(*args, use_triton, **scales):
         calls.append(("attend", use_triton))
-        return paged_attention_ref(*args)
+        return paged_attention_ref(*args, **scales)
 
     monkeypatch.setattr(layer_mod, "store_kvcache", fake_store)
     monkeypatch.setattr(layer_mod, "paged_attention", fake_attend)
