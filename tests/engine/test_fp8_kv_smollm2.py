@@ -12,7 +12,7 @@ mantissa bits (up to 2^-4 relative rounding per element), and with scale 1.0 Smo
 in early layers, max |v| 0.6 in layer 0) fall in e4m3's subnormal range, where the step is 2^-9; calibrated
 k_scale/v_scale would recover precision. No K/V entry saturates (max |k| about 21, e4m3 max 448). A wrong
 dequantization (a missing or doubled scale, raw fp8 bits read as numbers, the wrong page) gives garbage attention
-and agreement far below 90%, so 90% separates correct from broken with margin on both sides (about 7 binomial std
+and agreement far below 90% (measured: every K/V read doubled in the reference gives 5.6%), so 90% separates correct from broken with margin on both sides (about 7 binomial std
 below the measured value, so CPU-build rounding differences cannot trip it).
 Greedy agreement on the 8 parity prompts (tests/engine/test_parity_smollm2.py) is reported in the log: identical
 tokens up to the first divergence, counted per prompt (a near-tie flip changes every later token, so it is not
