@@ -64,9 +64,13 @@ def select_gemm_config(num_tokens: int) -> GemmTileConfig:
 @triton.jit
 def load_weight_scale(ptrs, mask, E8M0: tl.constexpr):
     """One K step's weight scales [BN] as float32: fp32 as stored, or uint8 E8M0 bytes -> 2^(byte - 127)."""
+    # one return after if/else: Triton's compiler type-checks an early `return` inside a constexpr branch against the
+    # return after it ("Inconsistent return types: fp32 and uint8" on the H200, 2026-12-01)
     if E8M0:
-        return tl.exp2(tl.load(ptrs, mask=mask, other=127).to(tl.float32) - 127.0)
-    return tl.load(ptrs, mask=mask, other=0.0)
+        scale = tl.exp2(tl.load(ptrs, mask=mask, other=127).to(tl.float32) - 127.0)
+    else:
+        scale = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return scale
 
 
 @triton.jit

@@ -56,10 +56,11 @@ def _round_fp8(v, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr, QUANTUM: tl.cons
 def _quantize(x, scale, limit, QUANT: tl.constexpr, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr,
               QUANTUM: tl.constexpr):
     """x as stored in the cache: unchanged (QUANT False: cast by the store) or fp8-rounded x / scale (float32)."""
-    if QUANT:
-        y = tl.minimum(tl.maximum(x.to(tl.float32) / scale, -limit), limit)
-        return _round_fp8(y, MANT, MIN_NORMAL, QUANTUM)
-    return x
+    if QUANT:  # one return after if/else (Triton type-checks an early return against the one after it)
+        y = _round_fp8(tl.minimum(tl.maximum(x.to(tl.float32) / scale, -limit), limit), MANT, MIN_NORMAL, QUANTUM)
+    else:
+        y = x
+    return y
 
 
 @triton.jit
