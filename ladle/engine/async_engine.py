@@ -82,7 +82,14 @@ class AsyncEngine(EngineClient):
         self._thread.start()
 
     @classmethod
-    def from_config(cls, engine_config: EngineConfig) -> "AsyncEngine":
+    def from_config(cls, engine_config: EngineConfig) -> EngineClient:
+        """The server's engine: with `parallel.engine_core_process` (`--engine-core-process`, the default) the core
+        runs in its own process (ladle/engine/core_client.py); otherwise on a thread of this process (this class;
+        kept for A/B until GPU numbers decide)."""
+        if engine_config.parallel.engine_core_process:
+            from ladle.engine.core_client import CoreProcessEngine
+
+            return CoreProcessEngine.start(engine_config)
         return cls(build_engine(engine_config))
 
     # ---- EngineClient ------------------------------------------------------------------------------
