@@ -60,7 +60,7 @@ class CoreProcessEngine(EngineClient):
         self._call_ids = itertools.count()
         self._success: dict[str, int] = {}
         self._stats = EngineStats()
-        self.step_host_s: dict = {}
+        self._process_s = 0.0  # host seconds in OutputProcessor.process (this process's share of a step)
         self._dead: Optional[str] = None
         self._reader: Optional[asyncio.Task] = None
         self._stopped: Optional[asyncio.Future] = None
@@ -180,11 +180,12 @@ class CoreProcessEngine(EngineClient):
 
     async def _shutdown(self) -> None:
         self._ensure_reader()
-        if self._proc.is_alive() and self._dead is None:
-            self._send(msg.Stop())
-        await asyncio.to_thread(self._proc.join, _STOP_WAIT_S)
+        wait_s = _STOP_WAIT_S if self._dead is None else 2.0  # a dead client's core may not listen any more
         if self._proc.is_alive():
-            logger.warning("the engine core did not stop within %.0f s: killing it", _STOP_WAIT_S)
+            self._send(msg.Stop())
+        await asyncio.to_thread(self._proc.join, wait_s)
+        if self._proc.is_alive():
+            logger.warning("the engine core did not stop within %.0f s: killing it", wait_s)
             self._proc.kill()
             await asyncio.to_thread(self._proc.join, 5.0)
         await asyncio.sleep(0)  # let the reader hand out what the core sent last
@@ -255,21 +256,27 @@ class CoreProcessEngine(EngineClient):
     def _process(self, outputs: list) -> None:
         if not outputs:
             return
+        t0 = time.perf_counter()
         processed = self._processor.process(outputs)
+        self._process_s += time.perf_counter() - t0
         if processed.stop_hits or processed.failed_ids:
             self._send(msg.FinishProcessed([list(h) for h in processed.stop_hits], list(processed.failed_ids)))
         for ro in processed.request_outputs:
             for co in ro.outputs:
                 if co.finish_reason:
                     self._success[co.finish_reason] = self._success.get(co.finish_reason, 0) + 1
-        self._stats = EngineStats(**{**self._stats.__dict__, "request_success_total": dict(self._success)})
+        self._stats = EngineStats(**{**self._stats.__dict__, "request_success_total": dict(self._success),
+                                     "step_host_seconds": self._host_seconds(self._stats.step_host_seconds)})
         self._deliver(processed.request_outputs)
 
     def _publish_stats(self, stats: dict) -> None:
         stats = dict(stats)
-        self.step_host_s = stats.pop("step_host_s", {}) or {}
         stats["iteration_tokens_counts"] = tuple(stats.get("iteration_tokens_counts", ()))
+        stats["step_host_seconds"] = self._host_seconds(stats.get("step_host_seconds", {}))
         self._stats = EngineStats(**stats, request_success_total=dict(self._success))
+
+    def _host_seconds(self, core_phases: dict) -> dict:
+        return {**core_phases, "process_outputs": self._process_s}
 
     def _deliver(self, request_outputs: list) -> None:
         for ro in request_outputs:
@@ -282,6 +289,8 @@ class CoreProcessEngine(EngineClient):
             return
         self._dead = message
         logger.error("the engine core is gone: %s", message)
+        if self._proc.is_alive():  # this side gave up on it (the reader failed): let it stop too
+            self._send(msg.Stop())
         error = EngineError(f"the engine loop died: {message}")
         for queue in self._streams.values():
             queue.put_nowait(error)
