@@ -1,7 +1,8 @@
 """The engine's interface to its clients (the HTTP server, benchmarks).
 
-`EngineClient` is what `ladle/server` talks to. The engine loop runs in its own thread behind it
-(ARCHITECTURE.md "Threads, aborts, failures"); every method here is safe to call from the asyncio loop.
+`EngineClient` is what `ladle/server` talks to. The engine core runs behind it in its own process
+(ladle/engine/core_client.py, `ladle serve`'s default) or on a thread of the server (ladle/engine/async_engine.py,
+`--no-engine-core-process`); ARCHITECTURE.md "Processes". Every method here is safe to call from the asyncio loop.
 Outputs are already detokenized (UTF-8 safe, stop strings enforced).
 """
 

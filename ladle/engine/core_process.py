@@ -63,7 +63,7 @@ def run_engine_core(engine_config: Any, input_addr: str, output_addr: str, paren
             return
         send(msg.Ready(bundle.model_name, pickle.dumps(bundle.tokenizer), pickle.dumps(bundle.engine_config),
                        bundle.max_model_len))
-        code = CoreLoop(bundle.core, inbox, send, stopping).run()
+        code = CoreLoop(bundle.core, inbox, send, stopping, bundle.engine_config.runner.dispatch_report).run()
     finally:
         inbox.close(linger=0)
         outbox.close()
@@ -84,14 +84,15 @@ def _leave_a_core_to_the_server(engine_config: Any) -> None:
 
 
 class CoreLoop:
-    """The message and step loop around one EngineCore. `send(message)` writes to the output socket."""
+    """The message and step loop around one EngineCore. `send(message)` writes to the output socket; `inbox` is
+    the input socket (anything with zmq's `poll` and `recv`)."""
 
-    def __init__(self, core: Any, inbox: Any, send: Any, stopping: threading.Event) -> None:
+    def __init__(self, core: Any, inbox: Any, send: Any, stopping: threading.Event,
+                 dispatch_report: bool = False) -> None:
         from ladle.engine import core_messages as msg
 
         self.core, self.inbox, self.send, self.stopping, self.msg = core, inbox, send, stopping, msg
-        self.dispatch_report = bool(getattr(getattr(getattr(core, "runner", None), "runner_config", None),
-                                            "dispatch_report", False))
+        self.dispatch_report = dispatch_report  # --dispatch-report: print the table at exit
 
     def run(self) -> int:
         """Returns the exit status: 0 after Stop / SIGTERM, 1 after a fatal error."""

@@ -186,7 +186,8 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
             await engine.shutdown()
         ctx.executor.shutdown(wait=False, cancel_futures=True)
         runner_cfg = getattr(engine_config, "runner", None)
-        if getattr(runner_cfg, "dispatch_report", False) and not getattr(engine, "prints_dispatch_report", False):  # --dispatch-report: the fast-path table at shutdown
+        # --dispatch-report: the fast-path table at shutdown (an engine-core process prints its own)
+        if getattr(runner_cfg, "dispatch_report", False) and not getattr(engine, "prints_dispatch_report", False):
             from ladle.observe import dispatch
 
             print(dispatch.format_table(), flush=True)

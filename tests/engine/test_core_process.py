@@ -103,6 +103,8 @@ def test_core_process_serves_like_the_offline_engine(m3_dir, offline):
                 await first.__anext__()
                 await _collect(engine, prompts[2], greedy, request_id="same")
             await first.aclose()
+            outs = [o async for o in engine.generate([5, 10**6, 7], greedy)]  # beyond the vocabulary: its step fails
+            assert outs[-1].outputs[0].finish_reason == "error" and outs[-1].outputs[0].error
             assert engine.is_healthy()
             assert await _collect(engine, prompts[3], greedy) == list(expected[3])
         finally:
