@@ -64,6 +64,7 @@ class CoreProcessEngine(EngineClient):
         self._dead: Optional[str] = None
         self._reader: Optional[asyncio.Task] = None
         self._stopped: Optional[asyncio.Future] = None
+        self._publish_stats(ready.stats)
 
     @classmethod
     def start(cls, engine_config: Any, startup_timeout_s: float = 3600.0) -> "CoreProcessEngine":
@@ -156,6 +157,11 @@ class CoreProcessEngine(EngineClient):
         return self._dead is None and self._proc.is_alive()
 
     def get_stats(self) -> EngineStats:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # called off the loop (a test): the last snapshot read
+            return self._stats
+        self._ensure_reader()
         return self._stats
 
     async def observe_snapshot(self, name: str, **kwargs: Any) -> dict:

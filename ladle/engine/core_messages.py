@@ -60,6 +60,7 @@ class Ready(msgspec.Struct, tag="ready"):
     tokenizer: bytes
     engine_config: bytes  # the resolved EngineConfig, pickled (frozen dataclasses, read once at startup)
     max_model_len: int
+    stats: dict[str, Any] = {}  # the first stats snapshot (KV blocks) for /metrics before any request
 
 
 class AddAck(msgspec.Struct, tag="ack"):

@@ -61,9 +61,10 @@ def run_engine_core(engine_config: Any, input_addr: str, output_addr: str, paren
             send(msg.CoreDead(str(exc) or type(exc).__name__))
             code = 1
             return
+        loop = CoreLoop(bundle.core, inbox, send, stopping, bundle.engine_config.runner.dispatch_report)
         send(msg.Ready(bundle.model_name, pickle.dumps(bundle.tokenizer), pickle.dumps(bundle.engine_config),
-                       bundle.max_model_len))
-        code = CoreLoop(bundle.core, inbox, send, stopping, bundle.engine_config.runner.dispatch_report).run()
+                       bundle.max_model_len, loop.stats()))
+        code = loop.run()
     finally:
         inbox.close(linger=0)
         outbox.close()

@@ -59,6 +59,8 @@ async def _wait(predicate, timeout: float) -> bool:
 
 def test_core_process_serves_like_the_offline_engine(m3_dir, offline):
     engine = CoreProcessEngine.start(engine_config_from_kwargs(m3_dir, **ENGINE))
+    idle = engine.get_stats()  # known before any request (/metrics right after startup)
+    assert idle.num_free_blocks == idle.num_total_blocks > 0 and idle.num_running == 0
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = _prompts(4, seed=int(time.time()))
     expected = [o.outputs[0].token_ids for o in offline.generate(prompts, greedy)]
