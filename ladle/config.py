@@ -89,6 +89,11 @@ class ParallelConfig:
     enable_expert_parallel: bool = _f(
         False, "--enable-expert-parallel", "place whole MoE experts on the tensor-parallel ranks instead of "
         "splitting every expert's intermediate dim")
+    engine_core_process: bool = _f(
+        True, "--engine-core-process",
+        "ladle serve: run the engine core (scheduler + runner/executor) in its own process, talking to the API "
+        "server over ZeroMQ; --no-engine-core-process runs it on a thread of the API server (the offline LLM API "
+        "always runs it in-process)")
 
 
 # Decode batch sizes captured as CUDA graphs by default (then clamped to --max-num-seqs).

@@ -74,6 +74,7 @@ class AsyncEngine(EngineClient):
         self._streams: dict[str, _Stream] = {}  # parent id -> stream (loop side registers, thread reads)
         self._processor = OutputProcessor(self.tokenizer)
         self._success: dict[str, int] = {}
+        self._process_s = 0.0  # host seconds in OutputProcessor.process
         self._stats = EngineStats()
         self._dead: Optional[str] = None
         self._stopping = threading.Event()
@@ -82,7 +83,14 @@ class AsyncEngine(EngineClient):
         self._thread.start()
 
     @classmethod
-    def from_config(cls, engine_config: EngineConfig) -> "AsyncEngine":
+    def from_config(cls, engine_config: EngineConfig) -> EngineClient:
+        """The server's engine: with `parallel.engine_core_process` (`--engine-core-process`, the default) the core
+        runs in its own process (ladle/engine/core_client.py); otherwise on a thread of this process (this class;
+        kept for A/B until GPU numbers decide)."""
+        if engine_config.parallel.engine_core_process:
+            from ladle.engine.core_client import CoreProcessEngine
+
+            return CoreProcessEngine.start(engine_config)
         return cls(build_engine(engine_config))
 
     # ---- EngineClient ------------------------------------------------------------------------------
@@ -209,7 +217,9 @@ class AsyncEngine(EngineClient):
         self._dispatch(self.core.abort_requests(child_ids))
 
     def _dispatch(self, engine_outputs: list) -> None:
+        t0 = time.perf_counter()
         processed = self._processor.process(engine_outputs)
+        self._process_s += time.perf_counter() - t0
         self.core.finish_processed(processed.stop_hits, processed.failed_ids)
         for ro in processed.request_outputs:
             for co in ro.outputs:
@@ -234,6 +244,8 @@ class AsyncEngine(EngineClient):
 
     def _publish_stats(self) -> None:
         s = self.core.get_stats()
+        host = {**getattr(self.core, "step_host_s", {}), "process_outputs": self._process_s}
         self._stats = EngineStats(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
-                                  request_success_total=dict(self._success))
+                                  request_success_total=dict(self._success),
+                                  num_steps=getattr(self.core, "num_steps", 0), step_host_seconds=host)
 

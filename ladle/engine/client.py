@@ -1,7 +1,8 @@
 """The engine's interface to its clients (the HTTP server, benchmarks).
 
-`EngineClient` is what `ladle/server` talks to. The engine loop runs in its own thread behind it
-(ARCHITECTURE.md "Threads, aborts, failures"); every method here is safe to call from the asyncio loop.
+`EngineClient` is what `ladle/server` talks to. The engine core runs behind it in its own process
+(ladle/engine/core_client.py, `ladle serve`'s default) or on a thread of the server (ladle/engine/async_engine.py,
+`--no-engine-core-process`); ARCHITECTURE.md "Processes". Every method here is safe to call from the asyncio loop.
 Outputs are already detokenized (UTF-8 safe, stop strings enforced).
 """
 
@@ -75,6 +76,10 @@ class EngineStats:
     request_success_total: dict = field(default_factory=dict)  # finish_reason -> count
     iteration_tokens_counts: tuple = ()  # steps per bucket of core.scheduler.ITERATION_TOKEN_BUCKETS (+ one above)
     iteration_tokens_sum: int = 0  # tokens of those steps
+    num_steps: int = 0  # engine steps that ran the model
+    # host seconds per step phase since start: schedule, execute, update (EngineCore.step_host_s) and
+    # process_outputs (detokenization + stop strings, OutputProcessor.process, on the engine's client side)
+    step_host_seconds: dict = field(default_factory=dict)
 
 
 class EngineError(RuntimeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import traceback
 from typing import Iterable, Optional
 
@@ -56,6 +57,11 @@ class EngineCore:
         self.runner = runner
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(eos_token_ids)
+        # host seconds per phase of `step` since start (the CPU-time-per-step record of /metrics): "schedule"
+        # (Scheduler.schedule), "execute" (runner/executor: prepare inputs, forward, sample, the device->host copy of
+        # the sampled ids; synchronous, so it includes device time), "update" (Scheduler.update: the EngineOutputs)
+        self.step_host_s: dict[str, float] = {"schedule": 0.0, "execute": 0.0, "update": 0.0}
+        self.num_steps = 0
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -106,10 +112,14 @@ class EngineCore:
     def step(self) -> list[EngineOutput]:
         """One engine step. Returns the EngineOutputs of this step (tokens, finishes, failures)."""
         observed = observe_steps.begin()
+        t0 = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        self.step_host_s["schedule"] += t1 - t0
         if scheduler_output.is_empty and not (scheduler_output.finished_request_ids
                                               or scheduler_output.preempted_request_ids):
             return []
+        self.num_steps += 1
         try:
             runner_output = self.runner.execute(scheduler_output)
         except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
@@ -119,7 +129,10 @@ class EngineCore:
             logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
             # the runner drops their state itself: fail_requests reports them in the next finished_request_ids
             return self.scheduler.fail_requests(ids, f"{type(exc).__name__}: {exc}")
+        t2 = time.perf_counter()
         outputs = self.scheduler.update(scheduler_output, runner_output)
+        self.step_host_s["execute"] += t2 - t1
+        self.step_host_s["update"] += time.perf_counter() - t2
         observe_steps.end(self, scheduler_output, observed)
         return outputs
 

@@ -186,7 +186,8 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
             await engine.shutdown()
         ctx.executor.shutdown(wait=False, cancel_futures=True)
         runner_cfg = getattr(engine_config, "runner", None)
-        if getattr(runner_cfg, "dispatch_report", False):  # --dispatch-report: the fast-path table at shutdown
+        # --dispatch-report: the fast-path table at shutdown (an engine-core process prints its own)
+        if getattr(runner_cfg, "dispatch_report", False) and not getattr(engine, "prints_dispatch_report", False):
             from ladle.observe import dispatch
 
             print(dispatch.format_table(), flush=True)
@@ -253,11 +254,14 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
     async def get_metrics() -> Response:
         return Response(content=metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/debug/dispatch")
-    async def debug_dispatch() -> JSONResponse:
-        return JSONResponse(_dispatch_snapshot())
+    from ladle.server.debug import engine_snapshot, router as debug_router  # /debug/shapes, /debug/steps
 
-    from ladle.server.debug import router as debug_router  # /debug/shapes, /debug/steps (issue 15)
+    @app.get("/debug/dispatch")
+    async def debug_dispatch(raw: Request) -> JSONResponse:
+        if getattr(engine, "observe_snapshot", None) is None:
+            return JSONResponse(_dispatch_snapshot())
+        return JSONResponse(await engine_snapshot(raw, "dispatch"))
+
     app.include_router(debug_router)
     app.add_middleware(EdgeMiddleware, api_key=server_config.api_key,
                        max_body_bytes=server_config.max_request_body_bytes)

@@ -8,34 +8,37 @@
 /debug/shapes        {"gemm": local GEMM shapes per op and M bucket (ladle.observe.shapes), "kernels": the
                      dispatch call counts per op and token bucket (one per launch), "tokens_scheduled": the
                      tokens the recorded steps fed}.
+The records live where the engine core runs: an app whose engine has `observe_snapshot` (the engine-core process
+client, ladle/engine/core_client.py) asks it; otherwise they are read in this process.
 /debug/dispatch stays in api.py.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
+
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ladle.observe import dispatch, shapes, steps
+from ladle.engine.observe_snapshots import observe_snapshot, shapes_snapshot  # noqa: F401 (re-exported)
 
 router = APIRouter()
 
 
-def shapes_snapshot() -> dict:
-    """The /debug/shapes body."""
-    kernels = {op: {b: c["calls"] for b, c in entry["buckets"].items()}
-               for op, entry in dispatch.snapshot()["ops"].items() if entry["buckets"]}
-    out = shapes.snapshot()
-    out["kernels"] = kernels
-    out["tokens_scheduled"] = int(steps.OBSERVER.snapshot(last=0)["totals"].get("tokens", 0))
-    return out
+async def engine_snapshot(request: Request, name: str, **kwargs: Any) -> dict:
+    """The record `name` from the app's engine (its process), or from this process."""
+    engine = getattr(getattr(request.app.state, "ctx", None), "engine", None)
+    fetch = getattr(engine, "observe_snapshot", None)
+    if fetch is None:
+        return observe_snapshot(name, **kwargs)
+    return await fetch(name, **kwargs)
 
 
 @router.get("/debug/shapes")
-async def debug_shapes() -> JSONResponse:
-    return JSONResponse(shapes_snapshot())
+async def debug_shapes(request: Request) -> JSONResponse:
+    return JSONResponse(await engine_snapshot(request, "shapes"))
 
 
 @router.get("/debug/steps")
-async def debug_steps(last: int = 256) -> JSONResponse:
-    return JSONResponse(steps.OBSERVER.snapshot(last=max(0, last)))
+async def debug_steps(request: Request, last: int = 256) -> JSONResponse:
+    return JSONResponse(await engine_snapshot(request, "steps", last=max(0, last)))

@@ -98,6 +98,13 @@ class _EngineCollector:
         yield gauge("ladle:num_free_blocks", "KV blocks free for allocation (includes evictable cached blocks).",
                     s.num_free_blocks)
         yield gauge("ladle:num_total_blocks", "KV blocks in the pool (excluding the null block).", s.num_total_blocks)
+        yield counter("ladle:engine_steps", "Engine steps that ran the model.", s.num_steps)
+        host = CounterMetricFamily("ladle:step_host_seconds", "Host seconds spent per engine-step phase: schedule, "
+                                   "execute (prepare inputs + forward + sample, synchronous), update, process_outputs "
+                                   "(detokenize + stop strings).", labels=labels + ["phase"])
+        for phase, seconds in sorted((s.step_host_seconds or {}).items()):
+            host.add_metric(values + [str(phase)], float(seconds))
+        yield host
 
 
     @staticmethod

@@ -60,8 +60,10 @@ def test_tp2_server_answers_like_tp1(tp_server, tp1_text):
 def test_killed_worker_health_503_stream_error_and_no_orphans(tp_server):
     server = psutil.Process(tp_server.proc.pid)
     family = [server] + server.children(recursive=True)
-    # spawned ranks run `python -c "from multiprocessing.spawn import spawn_main; ..."`
-    ranks = [p for p in server.children() if "spawn_main" in " ".join(p.cmdline())]
+    # spawned ranks run `python -c "from multiprocessing.spawn import spawn_main; ..."`; with the engine core in its
+    # own process (`--engine-core-process`, the default) they are its children, otherwise the server's
+    spawned = [p for p in family if "spawn_main" in " ".join(p.cmdline())]
+    ranks = [p for p in spawned if p.ppid() != server.pid] or spawned
     assert len(ranks) == 2, [p.cmdline() for p in family]
     client = _client(tp_server)
     model = client.models.list().data[0].id

@@ -1,0 +1,183 @@
+"""The engine-core process (ARCHITECTURE.md "Processes"): EngineCore (scheduler + runner or TP executor) in its own
+interpreter, fed by the API server over ZeroMQ (ladle/engine/core_messages.py), started by
+ladle/engine/core_client.py with multiprocessing "spawn".
+
+    loop: apply every queued message (add / abort / finish / observe call / stop) -> one StepOutputs for them
+          if requests are unfinished: core.step() -> StepOutputs (EngineOutputs + stats)
+          else wait up to 50 ms on the input socket
+
+The core sees token ids only (no tokenizer work besides reading EOS ids at build). It dies with the API server
+(parent-death signal + watchdog, as the TP workers do), ignores SIGINT (Ctrl-C reaches the whole process group;
+the API server decides), and treats SIGTERM as a stop. A message that fails is answered with its error; only an
+exception in the loop itself or a dead TP rank ends the process, after a CoreDead message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import threading
+import traceback
+from typing import Any
+
+_IDLE_WAIT_MS = 50
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # ladle/cli.py's LOG_FORMAT
+logger = logging.getLogger(__name__)
+
+
+def run_engine_core(engine_config: Any, input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """Process entry (spawn target): build the engine, say Ready, serve messages until Stop, SIGTERM or a fatal
+    error. Exits 0 on a stop, 1 after a build failure or a fatal error (both reported as CoreDead first)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
+    import zmq
+
+    from ladle.engine import core_messages as msg
+    from ladle.runner.worker import die_with_parent
+
+    die_with_parent(parent_pid)
+    _leave_a_core_to_the_server(engine_config)
+    zctx = zmq.Context()
+    inbox, outbox = zctx.socket(zmq.PULL), zctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, 0)
+    outbox.setsockopt(zmq.LINGER, 2000)
+    inbox.connect(input_addr)
+    outbox.connect(output_addr)
+    send = lambda m: outbox.send(msg.encoder.encode(m))  # noqa: E731
+    code = 0
+    try:
+        try:
+            from ladle.engine.engine_factory import build_engine
+
+            bundle = build_engine(engine_config)
+        except BaseException as exc:  # noqa: BLE001 — the server prints the message and exits 1
+            if os.environ.get("LADLE_DEBUG"):
+                logger.error("engine build failed:\n%s", traceback.format_exc())
+            send(msg.CoreDead(str(exc) or type(exc).__name__))
+            code = 1
+            return
+        loop = CoreLoop(bundle.core, inbox, send, stopping, bundle.engine_config.runner.dispatch_report)
+        send(msg.Ready(bundle.model_name, pickle.dumps(bundle.tokenizer), pickle.dumps(bundle.engine_config),
+                       bundle.max_model_len, loop.stats()))
+        code = loop.run()
+    finally:
+        inbox.close(linger=0)
+        outbox.close()
+        zctx.term()
+        if code:
+            os._exit(code)
+
+
+def _leave_a_core_to_the_server(engine_config: Any) -> None:
+    """On CPU the model's intra-op threads would take every core from the API server process (and an OpenMP team
+    that loses a core to it stalls at each barrier: a 10x slower step measured on 2 cores): use all cores but one."""
+    import torch
+
+    device = str(getattr(engine_config.model, "device", "auto") or "auto")
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+
+
+class CoreLoop:
+    """The message and step loop around one EngineCore. `send(message)` writes to the output socket; `inbox` is
+    the input socket (anything with zmq's `poll` and `recv`)."""
+
+    def __init__(self, core: Any, inbox: Any, send: Any, stopping: threading.Event,
+                 dispatch_report: bool = False) -> None:
+        from ladle.engine import core_messages as msg
+
+        self.core, self.inbox, self.send, self.stopping, self.msg = core, inbox, send, stopping, msg
+        self.dispatch_report = dispatch_report  # --dispatch-report: print the table at exit
+
+    def run(self) -> int:
+        """Returns the exit status: 0 after Stop / SIGTERM, 1 after a fatal error."""
+        import zmq
+
+        core = self.core
+        try:
+            while not self.stopping.is_set():
+                if not core.is_healthy():
+                    raise RuntimeError("a tensor-parallel rank process died")
+                busy = core.has_unfinished_requests()
+                if self.inbox.poll(0 if busy else _IDLE_WAIT_MS, zmq.POLLIN):
+                    if not self._drain():
+                        break
+                if core.has_unfinished_requests():
+                    outputs = core.step()
+                    self.send(self.msg.StepOutputs(outputs, self.stats()))
+            self._abort_everything()
+            return 0
+        except BaseException as exc:  # noqa: BLE001 — the core cannot go on: say so, then exit
+            logger.error("engine core loop died: %s\n%s", exc, traceback.format_exc())
+            self.send(self.msg.CoreDead(f"{type(exc).__name__}: {exc}"))
+            return 1
+        finally:
+            if self.dispatch_report:  # --dispatch-report: the counters live in this process
+                from ladle.observe import dispatch
+
+                print(dispatch.format_table(), flush=True)
+            core.shutdown()
+
+    def stats(self) -> dict:
+        out = dataclasses.asdict(self.core.get_stats())
+        out["step_host_seconds"] = dict(self.core.step_host_s)
+        out["num_steps"] = self.core.num_steps
+        return out
+
+    def _drain(self) -> bool:
+        """Apply every queued message; one StepOutputs carries the outputs of the aborts and the new stats.
+        Returns False on Stop."""
+        import zmq
+
+        outputs: list = []
+        keep_going = True
+        while True:
+            try:
+                raw = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            message = self.msg.to_core_decoder.decode(raw)
+            if isinstance(message, self.msg.Stop):
+                keep_going = False
+                break
+            outputs.extend(self._apply(message))
+        self.send(self.msg.StepOutputs(outputs, self.stats()))
+        return keep_going
+
+    def _apply(self, message: Any) -> list:
+        """One message; a failure goes back to its sender and never ends the loop."""
+        from ladle.core.outputs import RequestRejected
+        from ladle.engine.observe_snapshots import observe_snapshot
+
+        msg, core = self.msg, self.core
+        if isinstance(message, msg.AddRequest):
+            try:
+                core.add_requests(core.make_child_requests(message.child_ids, message.prompt_token_ids,
+                                                           message.params, message.arrival_time))
+            except Exception as exc:  # noqa: BLE001 — RequestRejected (400) or anything else (500)
+                self.send(msg.AddAck(message.parent_id, str(exc) or type(exc).__name__,
+                                     isinstance(exc, RequestRejected)))
+                return []
+            self.send(msg.AddAck(message.parent_id))
+            return []
+        if isinstance(message, msg.AbortRequests):
+            return core.abort_requests(message.child_ids)
+        if isinstance(message, msg.FinishProcessed):
+            core.finish_processed([tuple(hit) for hit in message.stop_hits], message.failed_ids)
+            return []
+        if isinstance(message, msg.Utility):
+            try:
+                self.send(msg.UtilityResult(message.call_id, observe_snapshot(message.name, **message.kwargs)))
+            except Exception as exc:  # noqa: BLE001
+                self.send(msg.UtilityResult(message.call_id, None, f"{type(exc).__name__}: {exc}"))
+        return []
+
+    def _abort_everything(self) -> None:
+        ids = list(getattr(self.core.scheduler, "requests", {}))
+        self.send(self.msg.StepOutputs(self.core.abort_requests(ids) if ids else [], self.stats()))
