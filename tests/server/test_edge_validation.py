@@ -209,11 +209,11 @@ def _metrics_latency_during(base_url: str, body: bytes) -> tuple[httpx.Response,
     return result["response"], idle, during
 
 
-def _assert_responsive(r: httpx.Response, idle: list[float], during: list[float]) -> None:
+def _assert_responsive(r: httpx.Response, idle: list[float], during: list[float], bound: float = 0.2) -> None:
     _assert_error(r, 400)  # tokenized in full, then refused by the context-length check
     assert "maximum context length" in r.json()["error"]["message"]
     # The bound, 200 ms, on top of what /metrics takes on this (possibly loaded) machine when idle.
-    assert max(during) - statistics.median(idle) < 0.2, (max(during), sorted(during)[-5:], statistics.median(idle))
+    assert max(during) - statistics.median(idle) < bound, (max(during), sorted(during)[-5:], statistics.median(idle))
     assert len(during) >= 10, f"the request ended too soon to measure anything: {len(during)} polls"
 
 
@@ -223,7 +223,11 @@ def test_long_tokenization_does_not_block_the_loop_fake():
     server, thread, url = start_fake(engine, max_request_body_bytes=8 << 20)
     try:
         body = json.dumps({"prompt": "x" * BIG_PROMPT_BYTES, "max_tokens": 1}).encode()
-        _assert_responsive(*_metrics_latency_during(url, body))
+        # The fake server runs in this test's process, so the 5 MB upload, its JSON parse and the polling client share
+        # one GIL: on a loaded machine a poll can wait ~0.4 s on that alone (seen 2026-12-01). A loop blocked by the
+        # 2 s tokenization shows >= 2 s, so 1 s still tells the two apart; the 200 ms is gated by the real
+        # server (its own process) below.
+        _assert_responsive(*_metrics_latency_during(url, body), bound=1.0)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
