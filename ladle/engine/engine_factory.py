@@ -91,7 +91,7 @@ def startup_summary(resolved: EngineConfig, model: Any, num_blocks: int) -> str:
     mc, cc, rc = resolved.model, resolved.cache, resolved.runner
     weights = model if isinstance(model, int) else sum(
         t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    tokens = num_blocks * cc.block_size
+    tokens = (num_blocks - 1) * cc.block_size  # block 0 is the null block, never handed to a request
     kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else cc.kv_cache_dtype
     graphs = f"{len(rc.cuda_graph_sizes)} sizes up to {max(rc.cuda_graph_sizes)}" if rc.cuda_graph_sizes else "none"
     return (f"startup summary: weights {weights / 2**30:.2f} GiB ({weights} bytes); KV cache {tokens} tokens in "
@@ -124,8 +124,10 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
     if path != config.model.model:  # a hub id found in the HF cache: the API still names the model by its id
         config = dataclasses.replace(config, model=dataclasses.replace(
             config.model, model=path, served_model_name=config.model.served_model_name or config.model.model))
-    logger.info("reading the model's config from %s (a GGUF is converted once, on its first start)",
-                config.model.model or "the embedded default model")
+    where = config.model.model or "the embedded default model (a GGUF)"
+    logger.info("reading the model's config from %s%s", where,
+                " (a GGUF is converted once, on its first start)" if not config.model.model or
+                str(config.model.model).endswith(".gguf") else "")
     source = resolve_model_source(config.model)
     model_cls = resolve_model_class(source.architectures)
     resolved = resolve_engine_config(config, source.hf_config, model_cls)

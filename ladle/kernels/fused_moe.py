@@ -26,10 +26,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import decide_triton, interpreting, triton_ok
+from ladle.kernels._common import decide_triton, interpreting, triton_ok, tl, triton
 from ladle.kernels.moe_align import moe_align_triton
 from ladle.observe import dispatch
 

@@ -19,10 +19,8 @@ of a decode step on the TP4-rank proxy.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import decide_triton, triton_ok
+from ladle.kernels._common import decide_triton, triton_ok, tl, triton
 from ladle.kernels.rmsnorm import rms_norm_ref
 from ladle.kernels.rope import rotate_ref
 from ladle.observe import dispatch

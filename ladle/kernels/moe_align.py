@@ -20,8 +20,8 @@ barrier -> scatter with per-expert atomic cursors. One launch, fixed shapes: cap
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from ladle.kernels._common import tl, triton
 
 
 @triton.jit

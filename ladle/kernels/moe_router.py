@@ -17,10 +17,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import decide_triton, triton_ok
+from ladle.kernels._common import decide_triton, triton_ok, tl, triton
 from ladle.observe import dispatch
 
 OP = "moe_router"

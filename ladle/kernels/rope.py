@@ -16,10 +16,8 @@ points), and the RotaryEmbedding layer (ladle/layers/rotary.py) reaches it throu
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from ladle.kernels._common import decide_triton, triton_ok
+from ladle.kernels._common import decide_triton, triton_ok, tl, triton
 from ladle.observe import dispatch
 
 dispatch.register("rope", "triton", "cuda (or interpreter); q/k [T, H, D] unit last stride; even rotary_dim <= D")
