@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ladle.config import ModelConfig
 from ladle.models.checkpoint_llama import export_config_only  # noqa: F401  (public API lives here too)
+from ladle.models.checkpoint_slice import CheckpointSlice
 from ladle.models.gguf import iter_gguf_tensors, read_gguf_config
 from ladle.models.gguf_cache import ensure_converted
 from ladle.models.hf_config import text_config_of
@@ -184,8 +185,12 @@ def _safetensors_files(path: str) -> list[str]:
     return sorted(glob.glob(os.path.join(path, "*.safetensors")))
 
 
-def checkpoint_tensors(source: ModelSource) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+def checkpoint_tensors(source: ModelSource, lazy: bool = False,
+                       ) -> tuple[int, Iterator[tuple[str, "torch.Tensor | CheckpointSlice"]]]:
     """(tensor count, iterator of (checkpoint name, CPU tensor)) for a GGUF or HF directory source.
+    lazy: safetensors tensors come as `CheckpointSlice`s (ladle/models/checkpoint_slice.py), read only where a
+    weight_loader uses them, so a tensor-parallel rank reads its slices (GGUF and .bin tensors stay whole).
+    Each yielded item is valid until the next one is requested.
     Raises FileNotFoundError when a directory holds no weights (hint: --load-format dummy)."""
     if source.kind == "gguf" and not source.converted_dir:
         return iter_gguf_tensors(source.path)
@@ -202,7 +207,7 @@ def checkpoint_tensors(source: ModelSource) -> tuple[int, Iterator[tuple[str, to
             for f in files:
                 with safe_open(f, framework="pt", device="cpu") as handle:
                     for name in handle.keys():
-                        yield name, handle.get_tensor(name)
+                        yield name, CheckpointSlice(handle, name) if lazy else handle.get_tensor(name)
 
         return sum(counts), gen_st()
     bins = sorted(glob.glob(os.path.join(source.path, "pytorch_model*.bin")))
@@ -223,8 +228,9 @@ def load_model(
 ) -> torch.nn.Module:
     """Build the registered class for `source.architectures` on `device` in `dtype` and fill its weights
     (checkpoint, or random for load_format "dummy"), with a tqdm progress bar. Returns the model in eval mode.
-    `tp`: this rank's shard of a tensor-parallel group (None: one rank). A shard reads the full checkpoint tensors
-    and its weight_loaders keep its slices (simple, not the least I/O: every rank reads every tensor).
+    `tp`: this rank's shard of a tensor-parallel group (None: one rank). With tp.size > 1 a safetensors
+    checkpoint is read lazily (`CheckpointSlice`): the weight_loaders narrow each tensor to this rank's slices and
+    only those bytes are read (replicated tensors whole); one rank reads whole tensors as before.
     Raises ValueError for an unsupported architecture (listing the supported ones) or parameters the
     checkpoint did not provide; KeyError/ValueError from the model for unknown names or shape mismatches."""
     cls = resolve_model_class(source.architectures)
@@ -233,7 +239,7 @@ def load_model(
     if model_config.load_format == "dummy":
         model.init_dummy_weights(model_config.seed)
         return model.eval()
-    count, tensors = checkpoint_tensors(source)
+    count, tensors = checkpoint_tensors(source, lazy=tp is not None and tp.size > 1)
     name = os.path.basename(source.path.rstrip(os.sep))
     bar = tqdm(tensors, total=count, desc=f"Loading {name}", unit="tensor", disable=bool(tp and tp.rank > 0))
     loaded = model.load_weights(bar)

@@ -4,7 +4,9 @@ Loading: a model declares ONE name table — `WeightRule`s mapping checkpoint na
 (parameter name, shard_id[, expert_id]) — and `load_weights_by_table` feeds each checkpoint tensor to the
 parameter's `weight_loader(param, loaded_weight, shard_id=None)` (ladle/layers/linear.py documents the protocol;
 FusedMoE's loader takes `expert_id` too). The loader receives the full checkpoint tensor and slices this rank's
-part itself, so the table knows nothing about tensor parallelism.
+part itself, so the table knows nothing about tensor parallelism. Under tensor parallelism the "full tensor" is a
+lazy `CheckpointSlice` (ladle/models/checkpoint_slice.py): the loader's own narrow / split / index select the
+slice and only that is read from the file.
 
 Dummy weights (`--load-format dummy`): `init_dummy_weights` — norms at their identity (1 - weight_offset) plus
 uniform noise, vocabulary tables uniform ±1, every other matrix uniform ±1/sqrt(fan_in) (fan_in = last dim, so a
