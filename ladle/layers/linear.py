@@ -13,6 +13,8 @@ where `loaded_weight` is the FULL checkpoint tensor (all ranks) and `shard_id` n
 merged layer ("q"/"k"/"v"/extra heads for QKVParallelLinear, 0..n-1 for MergedColumnParallelLinear; None = the
 whole tensor, for a merged layer the pieces already concatenated in shard order). Raises ValueError on an unknown
 shard or a shape mismatch. `param.shard_dim` says which dim is split over ranks (None: replicated).
+Under tensor parallelism `loaded_weight` is a lazy tensor-like view (ladle/models/checkpoint_slice.py): loaders
+select their part with narrow / split / x[i] / x[a:b] (no I/O) before any other torch op, which reads it.
 
 Quantization slot: each layer has `quant_method` (the constructor's, else the construction scope's — see
 ladle/layers/quant_slot.py —, else an `UnquantizedLinearMethod`), whose `create_weights(layer, ...)` registers the
