@@ -4,8 +4,10 @@ Same interface as a ModelRunner for the engine core: `execute(SchedulerOutput) -
 `is_healthy()` and `shutdown()`. Each step's SchedulerOutput is pickled once and the same bytes go down every rank's
 pipe (the broadcast); every rank answers, rank 0 with the sampled tokens. A rank that raises makes `execute` raise
 RuntimeError naming the rank (the engine fails that step's requests); a rank process that exits makes it raise
-WorkerDied (fatal: the engine loop stops, /health turns 503). With one rank the engine keeps its ModelRunner in
-process and no executor exists.
+WorkerDied (fatal: the engine loop stops, /health turns 503). When one rank raises while others do not answer within
+`diverged_timeout_s`, those are held in a collective the failed rank never joined: the group is stopped and
+RankDiverged (a WorkerDied, fatal) is raised instead of hanging the engine. With one rank the engine keeps its
+ModelRunner in process and no executor exists.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import time
 from multiprocessing.connection import wait
 
 from ladle.distributed.parallel_state import WORKER_ENV, free_port
@@ -30,12 +33,17 @@ class WorkerDied(RuntimeError):
     fatal = True
 
 
+class RankDiverged(WorkerDied):
+    """A rank raised and others stayed inside a collective it never joined: the group cannot go on (fatal)."""
+
+
 class MultiprocExecutor:
     """Start `spec.world_size` ranks (spawn) from `spec` (its rank field is replaced per process) and wait until
     all are ready. Raises RuntimeError with the failing rank's traceback when one cannot start."""
 
-    def __init__(self, spec: WorkerSpec, startup_timeout_s: float = 1800.0) -> None:
+    def __init__(self, spec: WorkerSpec, startup_timeout_s: float = 1800.0, diverged_timeout_s: float = 60.0) -> None:
         ctx = mp.get_context("spawn")
+        self.diverged_timeout_s = diverged_timeout_s
         os.environ.update(WORKER_ENV)  # inherited by the spawned ranks before they import anything
         spec = dataclasses.replace(spec, master_port=spec.master_port or free_port(spec.master_addr))
         self.world_size = spec.world_size
@@ -94,11 +102,36 @@ class MultiprocExecutor:
                 conn.send_bytes(data)
             except (BrokenPipeError, OSError):
                 raise WorkerDied(f"tensor-parallel rank {rank} (pid {self._procs[rank].pid}) is gone") from None
-        replies = [self._recv(rank) for rank in range(self.world_size)]
+        replies = self._collect_replies()
         errors = [payload for kind, payload in replies if kind == "error"]
         if errors:
             raise RuntimeError("; ".join(errors))
         return replies[0][1]
+
+    def _collect_replies(self) -> list:
+        """Every rank's (kind, payload) for this step, in rank order, taken as they arrive. Once a rank has raised,
+        the others get `diverged_timeout_s` to answer; one that does not is held in a collective the failed rank
+        never joined, so the group is stopped and RankDiverged raised (the engine fails its requests, /health 503)."""
+        replies: list = [None] * self.world_size
+        pending, errors, deadline = set(range(self.world_size)), [], None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            watched = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
+            ready = wait(watched, timeout=timeout)
+            if not ready:
+                stuck = sorted(pending)
+                self.shutdown()
+                raise RankDiverged(f"{'; '.join(errors)}; rank(s) {stuck} did not answer within "
+                                   f"{self.diverged_timeout_s:g} s (held in a collective the failed rank never "
+                                   "joined): the tensor-parallel group is stopped")
+            for rank in sorted(pending):
+                if self._conns[rank] in ready or self._procs[rank].sentinel in ready:
+                    replies[rank] = self._recv(rank, 0)
+                    pending.discard(rank)
+                    if replies[rank][0] == "error":
+                        errors.append(replies[rank][1])
+                        deadline = deadline or time.monotonic() + self.diverged_timeout_s
+        return replies
 
     def is_healthy(self) -> bool:
         """Every rank's process is alive (cheap: checked on each /health)."""
