@@ -22,7 +22,7 @@ import dataclasses
 import re
 import sys
 from importlib import resources
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ladle.config import COMPONENTS, EngineConfig, ServerConfig, format_refusals
 
@@ -132,7 +132,7 @@ def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True
         if kind != "bool":
             kw["metavar"] = f.name.upper()
         if kind == "bool":
-            names += [n for n in _negations(flag) if n != "--no-" + flag[2:]]
+            kw["off"] = [n for n in _negations(flag) if n != "--no-" + flag[2:]]
             kw["action"] = OnOffAction
         elif kind == "int":
             kw["type"] = human_readable_int if f.name in _HUMAN_READABLE else int
@@ -155,15 +155,15 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
 
 
 class OnOffAction(argparse.BooleanOptionalAction):
-    """`--x` / `--no-x` (argparse's BooleanOptionalAction) plus vLLM's other "off" spellings passed as further
-    option strings (`--disable-x` for `--enable-x`, ladle/data/vllm_serve_flags.txt)."""
+    """`--x` / `--no-x` (argparse's BooleanOptionalAction) plus vLLM's other "off" spellings given as `off`
+    (`--disable-x` for `--enable-x`, ladle/data/vllm_serve_flags.txt); further option strings are "on" aliases
+    (vLLM's `-ep` for `--enable-expert-parallel`)."""
 
-    def __init__(self, option_strings: list[str], dest: str, **kw: Any):
-        self._off = set(option_strings[1:])
-        super().__init__(option_strings[:1], dest, **kw)
-        self._off.add("--no-" + option_strings[0][2:])
-        self.option_strings = [option_strings[0], "--no-" + option_strings[0][2:]] + \
-            sorted(self._off - {"--no-" + option_strings[0][2:]})
+    def __init__(self, option_strings: list[str], dest: str, off: Sequence[str] = (), **kw: Any):
+        on, no = list(option_strings), "--no-" + option_strings[0][2:]
+        super().__init__(on[:1], dest, **kw)
+        self._off = set(off) | {no}
+        self.option_strings = [on[0], *on[1:], no] + sorted(set(off) - {no})
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: D401 (argparse's signature)
         setattr(namespace, self.dest, option_string not in self._off)
@@ -208,7 +208,6 @@ def vllm_flags_version() -> str:
 # accepted and ignored so a pasted vLLM recipe keeps working. Value-taking ones consume their value.
 NO_OP_VLLM_FLAGS = {
     "--enable-chunked-prefill": "chunked prefill is always on in ladle",
-    "--no-enable-chunked-prefill": None,  # turning it off is a real change: reported as not supported
     "--disable-log-requests": "ladle does not log request contents",
     "--trust-remote-code": "ladle never runs model repository code (configs are parsed as plain JSON)",
 }
@@ -229,7 +228,7 @@ def strip_no_op_flags(argv: list[str]) -> list[str]:
 
 # What ladle offers instead of a vLLM flag it does not implement (the rest get the generic sentence).
 INSTEAD = {
-    "--pipeline-parallel-size": "ladle runs a model on 1 GPU",
+    "--pipeline-parallel-size": "ladle has no pipeline parallelism; --tensor-parallel-size splits a model over GPUs",
     "--data-parallel-size": "ladle runs one engine; start one `ladle serve` per GPU behind a load balancer",
     "--speculative-config": "ladle has no speculative decoding",
     "--enable-lora": "ladle serves no LoRA adapters",
@@ -276,13 +275,6 @@ def split_unsupported(parser: argparse.ArgumentParser, argv: list[str]) -> tuple
             while i < len(argv) and not argv[i].startswith("-"):
                 i += 1
     return refusals, rest
-
-
-def check_unsupported(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """Exit (UnsupportedFlagError, status 2) with every vLLM flag of `argv` that `parser` does not define."""
-    refusals, _ = split_unsupported(parser, argv)
-    if refusals:
-        raise UnsupportedFlagError(f"{parser.prog}: error: {format_refusals(refusals)}")
 
 
 class _ArgparseError(Exception):

@@ -116,7 +116,8 @@ class RunnerConfig:
         "default auto = TRITON_ATTN on CUDA, TORCH on CPU")
     moe_backend: str = _f(
         "auto", "--moe-backend",
-        "MoE router + experts: triton (fused kernels) or torch (references); default auto = triton on CUDA, torch on CPU")
+        "MoE router + experts and FP8 linears: triton (fused kernels) or torch (references); default auto = triton on "
+        "CUDA, torch on CPU")
     fused_norms: bool = _f(
         True, "--fused-norms",
         "Triton fused residual-add + RMSNorm and per-head norm + RoPE kernels (default on; in effect where Triton "

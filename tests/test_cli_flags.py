@@ -226,3 +226,13 @@ def test_log_flags_are_real_settings(argv, stats_off, access_off):
     _, server = configs_from_args(parse_serve_args(serve_parser(), argv))
     assert server.disable_log_stats is stats_off and server.disable_uvicorn_access_log is access_off
     assert uvicorn_config(None, server).access_log is (not access_off)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ([], False), (["-ep"], True), (["--enable-expert-parallel"], True), (["--disable-expert-parallel"], False),
+    (["-ep", "--no-enable-expert-parallel"], False),
+])
+def test_expert_parallel_short_alias_turns_it_on(argv, expected):
+    """vLLM's `-ep` is an "on" alias (it once landed among the "off" spellings and turned expert parallel off)."""
+    engine, _ = configs_from_args(parse_serve_args(serve_parser(), ["m", *argv]))
+    assert engine.parallel.enable_expert_parallel is expected

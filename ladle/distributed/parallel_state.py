@@ -75,7 +75,7 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor, tp_size: Optional[int] = N
     _check_group(tp_size, "all-reduce")
     if _STATE["world_size"] == 1:
         return x
-    dispatch.record("all_reduce", dispatch.tokens_bucket(x.numel()), configured=True, eligible=True, executed=True)
+    dispatch.record("all_reduce", dispatch.tokens_bucket(x.shape[0]), configured=True, eligible=True, executed=True)
     dist.all_reduce(x)
     return x
 
@@ -87,7 +87,7 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1, tp_size: Op
     world = _STATE["world_size"]
     if world == 1:
         return x
-    dispatch.record("all_gather", dispatch.tokens_bucket(x.numel()), configured=True, eligible=True, executed=True)
+    dispatch.record("all_gather", dispatch.tokens_bucket(x.shape[0]), configured=True, eligible=True, executed=True)
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x)

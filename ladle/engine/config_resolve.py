@@ -255,6 +255,8 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
                               fallback=config.runner)
     elif config.runner.cuda_graph_sizes:
         refusals.run(expand_cuda_graph_sizes, config.runner.cuda_graph_sizes, max(1, config.scheduler.max_num_seqs))
+    if runner.observe_timing and config.parallel.tensor_parallel_size > 1:  # the ranks' GPUs are in other processes
+        runner = dataclasses.replace(runner, observe_timing=False)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, **model_fields),
                                cache=dataclasses.replace(config.cache, **cache_fields), parallel=parallel,
                                runner=runner)

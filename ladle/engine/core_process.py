@@ -14,7 +14,6 @@ exception in the loop itself or a dead TP rank ends the process, after a CoreDea
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import pickle
@@ -125,7 +124,7 @@ class CoreLoop:
             core.shutdown()
 
     def stats(self) -> dict:
-        out = dataclasses.asdict(self.core.get_stats())
+        out = dict(vars(self.core.get_stats()))  # a fresh object per call, immutable fields: no deep copy
         out["step_host_seconds"] = dict(self.core.step_host_s)
         out["num_steps"] = self.core.num_steps
         return out

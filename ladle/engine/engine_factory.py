@@ -157,7 +157,10 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
                           max_model_len=mc.max_model_len, enable_prefix_caching=resolved.cache.enable_prefix_caching)
     core = EngineCore(scheduler, runner, max_model_len=mc.max_model_len, eos_token_ids=eos)
     logger.info(startup_summary(resolved, model, runner.num_blocks))
+    name = _model_name(resolved, source)  # before the path is filled in: the default model keeps its GGUF name
+    # what is in effect (/version): the model path the source resolved to (None meant the embedded default)
+    resolved = dataclasses.replace(resolved, model=dataclasses.replace(resolved.model, model=source.path))
     logger.info("engine ready in %.1f s: %s on %s (%s), max_model_len %d, block %d, %d KV blocks",
-                time.monotonic() - t0, _model_name(resolved, source), mc.device, mc.dtype, mc.max_model_len,
-                resolved.cache.block_size, runner.num_blocks)
-    return EngineBundle(core, tokenizer, resolved, _model_name(resolved, source), eos)
+                time.monotonic() - t0, name, mc.device, mc.dtype, mc.max_model_len, resolved.cache.block_size,
+                runner.num_blocks)
+    return EngineBundle(core, tokenizer, resolved, name, eos)

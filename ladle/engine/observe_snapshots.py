@@ -30,6 +30,4 @@ def observe_snapshot(name: str, **kwargs: Any) -> dict:
         return steps.OBSERVER.snapshot(last=max(0, int(kwargs.get("last", 256))))
     if name == "shapes":
         return shapes_snapshot()
-    if name == "dispatch_table":
-        return {"table": dispatch.format_table()}
     raise ValueError(f"unknown observe record {name!r}")

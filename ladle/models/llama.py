@@ -203,9 +203,8 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden_states).float()
 
     def kv_cache_specs(self) -> list[LayerCacheSpec]:
-        """One spec per layer with this rank's KV heads."""
-        return [LayerCacheSpec(layer.self_attn.qkv_proj.num_kv_heads, self.args.head_dim)
-                for layer in self.model.layers]
+        """One spec per layer with this rank's KV heads (the Attention layer's own)."""
+        return [layer.self_attn.attn.kv_cache_spec() for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors in through the name table (ladle/models/weights.py). Returns the parameter names

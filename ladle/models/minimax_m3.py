@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ladle.layers.attention.layer import Attention, MSAParams
-from ladle.layers.attention.metadata import LayerCacheSpec, get_forward_context
+from ladle.layers.attention.metadata import LayerCacheSpec
 from ladle.layers.linear import QKVParallelLinear, RowParallelLinear
 from ladle.layers.mlp import GatedMLP
 from ladle.layers.moe import FusedMoE
@@ -147,7 +147,6 @@ class MiniMaxM3ForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, H] (model dtype)."""
-        ctx = get_forward_context()
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         h = None  # the residual stream; each residual add happens inside the next norm (`add_norm`)

@@ -53,9 +53,6 @@ class Mxfp4FusedMoEMethod(Fp8FusedMoEMethod):
 
     expert_op = staticmethod(fused_moe_mxfp4)
 
-    def __init__(self) -> None:
-        super().__init__(Fp8Config())
-
     def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: Optional[torch.dtype], device, weight_loader) -> None:
         i_r, h = intermediate_size_per_partition, hidden_size

@@ -98,9 +98,14 @@ def resolve_runner_config(runner: RunnerConfig, device_type: str, max_num_seqs: 
     triton_runs = device_type == "cuda" or attention == "TRITON_ATTN" or moe == "triton"
     sizes = expand_cuda_graph_sizes(runner.cuda_graph_sizes, max_num_seqs) if runner.cuda_graph_sizes else ()
     captured = device_type == "cuda" and not runner.enforce_eager and OpBackends(attention, moe).graph_safe
+    if runner.observe_timing_interval < 1:
+        raise ValueError(f"--observe-timing-interval must be >= 1 step, got {runner.observe_timing_interval}")
+    if runner.observe_copy_bandwidth < 0 or runner.observe_gemm_rate < 0:
+        raise ValueError("--observe-copy-bandwidth and --observe-gemm-rate must be >= 0 (0: measure on CUDA)")
     return dataclasses.replace(runner, attention_backend=attention, moe_backend=moe,
                                fused_norms=bool(runner.fused_norms and triton_runs),
-                               cuda_graph_sizes=sizes if captured else ())
+                               cuda_graph_sizes=sizes if captured else (),
+                               observe_timing=bool(runner.observe_timing and device_type == "cuda"))  # CUDA events
 
 
 def op_backends(resolved: RunnerConfig) -> OpBackends:

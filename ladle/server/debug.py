@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ladle.engine.observe_snapshots import observe_snapshot, shapes_snapshot  # noqa: F401 (re-exported)
+from ladle.engine.observe_snapshots import observe_snapshot
 
 router = APIRouter()
 

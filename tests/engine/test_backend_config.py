@@ -129,3 +129,21 @@ def test_cli_shows_a_refused_backend_as_a_message(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "ladle serve: error: --moe-backend marlin: a vLLM backend that ladle does not implement; ladle offers " \
            "triton, torch or auto" in r.stderr
+
+
+def test_cuda_graphs_need_both_triton_attention_and_triton_moe():
+    """The torch MoE references sync on the host (torch.unique(...).tolist()): a graph cannot capture them."""
+    assert OpBackends.kernels().graph_safe
+    assert not OpBackends("TRITON_ATTN", "torch", True).graph_safe
+    assert not OpBackends("TORCH", "triton", True).graph_safe
+    cuda = resolve_runner_config(RunnerConfig(moe_backend="torch"), "cuda", 8)
+    assert cuda.cuda_graph_sizes == () and resolve_runner_config(RunnerConfig(), "cuda", 8).cuda_graph_sizes
+
+
+def test_observe_timing_is_reported_only_where_it_runs_and_its_numbers_are_checked():
+    assert resolve_runner_config(RunnerConfig(observe_timing=True), "cpu", 8).observe_timing is False
+    assert resolve_runner_config(RunnerConfig(observe_timing=True), "cuda", 8).observe_timing is True
+    with pytest.raises(ValueError, match="--observe-timing-interval"):
+        resolve_runner_config(RunnerConfig(observe_timing_interval=0), "cpu", 8)
+    with pytest.raises(ValueError, match="--observe-copy-bandwidth"):
+        resolve_runner_config(RunnerConfig(observe_gemm_rate=-1.0), "cpu", 8)

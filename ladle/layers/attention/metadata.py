@@ -136,8 +136,10 @@ class OpBackends:
 
     @property
     def graph_safe(self) -> bool:
-        """Whether a forward with these backends may be captured in a CUDA graph (no host mirrors, no syncs)."""
-        return self.triton_attention
+        """Whether a forward with these backends may be captured in a CUDA graph (no host mirrors, no syncs): the torch
+        attention references read host mirrors and the torch MoE references sync (`torch.unique(...).tolist()`), so
+        both Triton paths are needed."""
+        return self.triton_attention and self.triton_moe
 
 
 @dataclass
