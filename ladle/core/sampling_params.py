@@ -59,6 +59,8 @@ class SamplingParams:
             bad(f"n must be at least 1, got {self.n}")
         if self.temperature < 0:
             bad(f"temperature must be non-negative, got {self.temperature}")
+        if 0 < self.temperature < 0.01:  # dividing logits by a tinier one overflows float32; vLLM raises it to the
+            object.__setattr__(self, "temperature", 0.01)  # same floor (vllm/sampling_params.py `_MAX_TEMP`)
         if not 0 < self.top_p <= 1:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:

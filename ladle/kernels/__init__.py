@@ -17,7 +17,7 @@ its module's name would shadow the module for `import ladle.kernels.<op> as mod`
                        scale=None, *, use_triton=True)                                 -> [T, Hq, D]
   and their references store_kvcache_ref, store_index_kcache_ref, paged_attention_ref, msa_indexer_ref,
   msa_sparse_attention_ref (same arguments, no use_triton).
-Loaded on first use (their modules import Triton directly):
+Norms, RoPE and sampling:
   rms_norm(x, weight, eps, residual=None, weight_offset=0.0)           -> out | (out, residual_out)   (rmsnorm.py)
   apply_rope(q, k, positions, cos_sin_cache, rotary_dim=None)          -> (q, k) rotated in place     (rope.py)
   rope_cos_sin_cache(rotary_dim, max_position, base, device=None)      -> [max_position, rotary_dim] float32
@@ -27,27 +27,16 @@ Loaded on first use (their modules import Triton directly):
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ladle.kernels.kv_store import store_index_kcache, store_index_kcache_ref, store_kvcache, store_kvcache_ref
 from ladle.kernels.paged_attention import paged_attention, paged_attention_ref
 
-_LAZY = {
-    "rms_norm": "rmsnorm", "rms_norm_ref": "rmsnorm",
-    "apply_rope": "rope", "apply_rope_ref": "rope", "rope_cos_sin_cache": "rope",
-    "sample": "sampling", "filtered_probs": "sampling", "race": "sampling", "race_ref": "sampling",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """PEP 562: the non-attention ops load on first access (`from ladle.kernels import rms_norm` works)."""
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"ladle.kernels.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'ladle.kernels' has no attribute {name!r}")
+from ladle.kernels.rmsnorm import rms_norm, rms_norm_ref
+from ladle.kernels.rope import apply_rope, apply_rope_ref, rope_cos_sin_cache
+from ladle.kernels.sampling import filtered_probs, race, race_ref, sample
 
 
 __all__ = [
     "store_kvcache", "store_kvcache_ref", "store_index_kcache", "store_index_kcache_ref",
-    "paged_attention", "paged_attention_ref", *_LAZY,
+    "paged_attention", "paged_attention_ref", "rms_norm", "rms_norm_ref", "apply_rope", "apply_rope_ref",
+    "rope_cos_sin_cache", "sample", "filtered_probs", "race", "race_ref",
 ]

@@ -74,6 +74,16 @@ def load_weight_scale(ptrs, mask, E8M0: tl.constexpr):
 
 
 @triton.jit
+def fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT: tl.constexpr):
+    """acc + dot(a [BM, BK] fp8, w [BK, BN] fp8) * a_s[:, None] * w_s[None, :] (one promoted K step; shared with fused_moe_fp8.py)."""
+    if F32_DOT:  # the interpreter: exact fp32 products of fp8 values
+        part = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    else:
+        part = tl.dot(a, w)
+    return acc + part * a_s[:, None] * w_s[None, :]
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, num_kb, num_akb,
     stride_am, stride_wn, stride_ym,
@@ -97,11 +107,7 @@ def _fp8_gemm_kernel(
         w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         a_s = tl.load(as_ptrs + kb * BK // 128, mask=m_ok, other=0.0)  # activation groups are 128 wide
         w_s = load_weight_scale(ws_ptrs + kb, n_ok, E8M0)
-        if F32_DOT:  # the interpreter: exact fp32 products of fp8 values
-            part = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            part = tl.dot(a, w)
-        acc += part * a_s[:, None] * w_s[None, :]
+        acc = fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT)
         a_ptrs += BK
         w_ptrs += BK
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]

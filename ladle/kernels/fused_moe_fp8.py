@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
-from ladle.kernels.fp8_gemm import load_weight_scale, weight_group
+from ladle.kernels.fp8_gemm import fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, moe_launch_plan, moe_tile_cols,
                                      moe_tile_rows, swigluoai_ref, store_swigluoai)
@@ -31,16 +31,6 @@ from ladle.observe import dispatch
 
 OP = "fused_moe_fp8"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 expert weights + [rows, K/128] fp32 scales")
-
-
-@triton.jit
-def _fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT: tl.constexpr):
-    """acc + dot(a [BM, BK] fp8, w [BK, BN] fp8) * a_s[:, None] * w_s[None, :] (one promoted 128-wide K step)."""
-    if F32_DOT:  # the interpreter: exact fp32 products of fp8 values
-        part = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-    else:
-        part = tl.dot(a, w)
-    return acc + part * a_s[:, None] * w_s[None, :]
 
 
 @triton.jit
@@ -71,8 +61,8 @@ def _fp8_gemm1_kernel(
         a_s = tl.load(as_ptrs + kb * BK // 128, mask=row_ok, other=0.0)
         g = tl.load(g_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         u = tl.load(u_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        acc_g = _fp8_dot_step(a, a_s, g, load_weight_scale(gs_ptrs + kb, n_ok, E8M0), acc_g, F32_DOT)
-        acc_u = _fp8_dot_step(a, a_s, u, load_weight_scale(us_ptrs + kb, n_ok, E8M0), acc_u, F32_DOT)
+        acc_g = fp8_dot_step(a, a_s, g, load_weight_scale(gs_ptrs + kb, n_ok, E8M0), acc_g, F32_DOT)
+        acc_u = fp8_dot_step(a, a_s, u, load_weight_scale(us_ptrs + kb, n_ok, E8M0), acc_u, F32_DOT)
         a_ptrs += BK
         g_ptrs += BK
         u_ptrs += BK
@@ -101,7 +91,7 @@ def _fp8_gemm2_kernel(
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         a_s = tl.load(as_ptrs + kb * BK // 128, mask=row_ok, other=0.0)
         b = tl.load(b_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = _fp8_dot_step(a, a_s, b, load_weight_scale(bs_ptrs + kb, n_ok, E8M0), acc, F32_DOT)
+        acc = fp8_dot_step(a, a_s, b, load_weight_scale(bs_ptrs + kb, n_ok, E8M0), acc, F32_DOT)
         a_ptrs += BK
         b_ptrs += BK
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)

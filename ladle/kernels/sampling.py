@@ -27,54 +27,49 @@ from __future__ import annotations
 
 import torch
 
-from ladle.kernels._common import decide_triton, triton_ok
+from ladle.kernels._common import decide_triton, tl, triton, triton_ok  # the guarded import (no Triton: references)
 from ladle.observe import dispatch
-
-try:  # Triton ships with Linux torch; without it (e.g. macOS) only the torch reference below runs
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only without triton
-    triton = tl = None
 
 dispatch.register("sample_race", "triton", "cuda (or interpreter); probs [B, V] float32 contiguous")
 
 _M1, _M2 = 0x7FEB352D, 0x846CA68B  # lowbias32 multipliers
 _SEED_SALT = 0x9E3779B9
 
-if triton is not None:
-    @triton.jit
-    def _mix32(x):
-        x = x ^ (x >> 16)
-        x = x * 0x7FEB352D
-        x = x ^ (x >> 15)
-        x = x * 0x846CA68B
-        x = x ^ (x >> 16)
-        return x
 
-    @triton.jit
-    def _race_kernel(probs_ptr, seeds_ptr, steps_ptr, out_ptr, V, stride, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        seed = tl.load(seeds_ptr + row)
-        step = tl.load(steps_ptr + row)
-        s_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-        s_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-        key = _mix32(s_lo ^ _mix32(s_hi ^ 0x9E3779B9))
-        key = _mix32(key ^ (step & 0xFFFFFFFF).to(tl.uint32))
-        best_val = tl.full([BLOCK], -1.0, dtype=tl.float32)
-        best_idx = tl.zeros([BLOCK], dtype=tl.int32)
-        for v0 in range(0, V, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            mask = offs < V
-            p = tl.load(probs_ptr + row.to(tl.int64) * stride + offs, mask=mask, other=0.0)
-            h = _mix32(_mix32(key + offs.to(tl.uint32)))
-            u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            score = tl.where(mask, p / (-tl.log(u)), -1.0)
-            better = score > best_val
-            best_val = tl.where(better, score, best_val)
-            best_idx = tl.where(better, offs, best_idx)
-        top = tl.max(best_val, 0)
-        cand = tl.where(best_val == top, best_idx, 2147483647)
-        tl.store(out_ptr + row, tl.min(cand, 0).to(tl.int64))
+@triton.jit
+def _mix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def _race_kernel(probs_ptr, seeds_ptr, steps_ptr, out_ptr, V, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    seed = tl.load(seeds_ptr + row)
+    step = tl.load(steps_ptr + row)
+    s_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    s_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    key = _mix32(s_lo ^ _mix32(s_hi ^ 0x9E3779B9))
+    key = _mix32(key ^ (step & 0xFFFFFFFF).to(tl.uint32))
+    best_val = tl.full([BLOCK], -1.0, dtype=tl.float32)
+    best_idx = tl.zeros([BLOCK], dtype=tl.int32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        mask = offs < V
+        p = tl.load(probs_ptr + row.to(tl.int64) * stride + offs, mask=mask, other=0.0)
+        h = _mix32(_mix32(key + offs.to(tl.uint32)))
+        u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        score = tl.where(mask, p / (-tl.log(u)), -1.0)
+        better = score > best_val
+        best_val = tl.where(better, score, best_val)
+        best_idx = tl.where(better, offs, best_idx)
+    top = tl.max(best_val, 0)
+    cand = tl.where(best_val == top, best_idx, 2147483647)
+    tl.store(out_ptr + row, tl.min(cand, 0).to(tl.int64))
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -114,7 +109,7 @@ def race(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, *, use_t
     (op "sample_race"), else `race_ref`; both draw the same token from the same (probs, seed, step)."""
     assert probs.dim() == 2 and probs.dtype == torch.float32 and probs.stride(1) == 1
     assert seeds.shape == steps.shape == (probs.shape[0],) and seeds.dtype == steps.dtype == torch.int64
-    reason = "triton is not installed" if triton is None else triton_ok(probs, seeds, steps)
+    reason = triton_ok(probs, seeds, steps)
     if not decide_triton("sample_race", probs.shape[0], use_triton, reason):
         return race_ref(probs, seeds, steps)
     out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)

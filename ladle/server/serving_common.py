@@ -32,7 +32,7 @@ from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
 from ladle.server.errors import OpenAIError, error_body, to_openai_error
 from ladle.server.metrics import RequestTimer, ServerMetrics
 from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
-from ladle.server.validation import check_token_ids, clamp_temperature
+from ladle.server.validation import check_token_ids
 
 T = TypeVar("T")
 logger = logging.getLogger("ladle.server")
@@ -137,7 +137,7 @@ def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
     try:
         return SamplingParams(
             n=req.n,
-            temperature=1.0 if req.temperature is None else clamp_temperature(req.temperature),
+            temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=0 if req.top_k is None else req.top_k,
             min_p=0.0 if req.min_p is None else req.min_p,

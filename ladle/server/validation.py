@@ -104,11 +104,3 @@ def check_template_kwargs(kwargs: Optional[dict], param: str = "chat_template_kw
     for key in kwargs or {}:
         if key in RESERVED_TEMPLATE_KWARGS:
             raise OpenAIError(f"{param}.{key} is set by the server and cannot be overridden", 400, param)
-
-
-def clamp_temperature(temperature: Optional[float]) -> Optional[float]:
-    """Temperatures in (0, 0.01) become 0.01: dividing logits by a tinier one overflows float32 (vLLM raises them
-    to the same floor, vllm/sampling_params.py `_MAX_TEMP`)."""
-    if temperature is not None and 0 < temperature < 0.01:
-        return 0.01
-    return temperature

@@ -219,3 +219,12 @@ def test_triton_draw_equals_reference_draw():
         ref = Sampler(torch.device("cpu")).sample(logits, t)
         tri = Sampler(torch.device("cpu"), use_triton=True).sample(logits, t)
         assert torch.equal(tri, ref)
+
+
+def test_tiny_temperatures_are_raised_to_the_floor_for_every_caller():
+    """Below 0.01 the logits / temperature division overflows float32; the floor lives in SamplingParams, so the
+    offline LLM API gets it as the HTTP edge does (vLLM's floor, vllm/sampling_params.py `_MAX_TEMP`)."""
+    from ladle.core.sampling_params import SamplingParams
+
+    assert SamplingParams(temperature=1e-5).temperature == 0.01
+    assert SamplingParams(temperature=0.0).temperature == 0.0 and SamplingParams(temperature=0.5).temperature == 0.5
