@@ -116,6 +116,8 @@ class ChatHandler:
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
         check_int_range(req.top_logprobs, 0, ctx.limits.max_logprobs, "top_logprobs", " (--max-logprobs)")
+        if req.echo:  # accepted by the schema (vLLM's field), never honoured: refused
+            raise OpenAIError("not supported yet: echo in chat completions", 400, "echo")
         if req.response_format and req.response_format.get("type", "text") != "text":
             raise OpenAIError("not supported yet: response_format other than text", 400, "response_format")
         outputs = ChatOutputs(ctx.limits, req)

@@ -75,6 +75,9 @@ def check_sampling_fields(req: Any, limits: ServerConfig, vocab_size: int) -> No
     """The fields both endpoints share (ladle.server.protocol._SamplingFields): text and numbers, n, stop strings,
     stop_token_ids."""
     check_model_fields(req)
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats:  # refused, never ignored
+        raise OpenAIError("not supported yet: stream_options.continuous_usage_stats (ladle sends usage once, in the "
+                          "last chunk, with stream_options.include_usage)", 400, "stream_options")
     check_int_range(req.n, 1, limits.max_n, "n", " (--max-n)")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > limits.max_stop_strings:

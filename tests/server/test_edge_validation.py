@@ -44,6 +44,9 @@ def _user(content) -> list:
 # (path, body without "model", the param the 400 must name)
 BAD = [
     ("/v1/completions", {"prompt": "\ud800"}, "prompt"),
+    ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options"),  # accepted by the schema, never honoured: refused
+    (CHAT, {"messages": _user("hi"), "echo": True}, "echo"),
     ("/v1/completions", {"prompt": ["ok", "a\udfffb"]}, "prompt[1]"),
     ("/v1/completions", {"prompt": "a", "stop": ["ok", "\ud800"]}, "stop[1]"),
     ("/v1/completions", {"prompt": "a", "suffix": "\ud800"}, "suffix"),
