@@ -289,7 +289,9 @@ def build_llm(args, model_dir: str, overrides: dict, cuda: bool, enforce_eager: 
     kw = dict(load_format="dummy", hf_overrides=json.dumps(overrides), max_model_len=args.ctx + 256,
               max_num_seqs=max(args.batches), max_num_batched_tokens=args.ctx, enable_prefix_caching=False, seed=0,
               cuda_graph_sizes=tuple(sorted(set(args.batches))),  # capture only the timed batch sizes
-              fused_norms=not args.no_fused_norms)
+              fused_norms=not args.no_fused_norms, kv_cache_dtype=args.kv_cache_dtype)
+    if args.quantization:
+        kw["quantization"] = args.quantization
     if cuda:
         kw.update(device="cuda", dtype="bfloat16", gpu_memory_utilization=args.gpu_mem_util, enforce_eager=enforce_eager)
     else:
@@ -361,6 +363,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--no-fused-norms", action="store_true",
                     help="M3 kernel path with the torch norm/RoPE ops instead of the fused kernels (A/B)")
+    ap.add_argument("--quantization", default=None, help="fp8: FP8 block-scaled weights quantized at load (issue 11)")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8, fp8_e5m2: the K/V and index-K cache dtype")
     args = ap.parse_args(argv)
     if args.smoke:
         args.preset, args.layers, args.batches, args.ctx = "tiny", "3", [1, 4], 128
@@ -407,8 +411,9 @@ def main(argv=None) -> int:
     cfg = model.config  # parsed by the engine from config.json + the overrides
     assert cfg.num_hidden_layers == layers == len(model.layers), "the --hf-overrides did not apply"
     wb = weight_bytes(model)
-    kv_elt = torch.empty(0, dtype=model.dtype).element_size()
+    kv_elt = torch.empty(0, dtype=runner.kv_dtype).element_size()  # --kv-cache-dtype (1 byte for fp8)
     res = dict(device=device, argv=sys.argv[1:], preset=args.preset, layers=layers, ctx=args.ctx,
+               quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                fused_norms=not args.no_fused_norms, copy_gbps=bw, gemm_tflops=tf,
                memory_plan=plan, weights_gib=wb["total"] / GiB, kv_pool_gib=runner.kv_cache_bytes / GiB,
                kv_blocks=runner.num_blocks, graph_buckets=sorted(runner.graphs.graphs) if runner.graphs else [],
