@@ -9,6 +9,9 @@
       linears in the model dtype, or FP8 quantized at load with --quantization fp8.
   --quantization fp8 on a float checkpoint (or --load-format dummy) -> Fp8Config(from_checkpoint=False).
 Anything else raises ValueError with the supported values.
+A quantized checkpoint always loads in its own format: ladle has no option to build a bf16 model from FP8 / MXFP8 /
+MXFP4 weights (every model is built in this config's scope by ladle/models/loader.py, and every quantized pair goes
+to its quant method's weight loader; there is no dequantise-at-load path).
 """
 
 from __future__ import annotations
