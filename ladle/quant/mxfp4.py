@@ -33,6 +33,11 @@ class Mxfp4Config:
 
     linear_fp8: bool = False
 
+    @property
+    def format_name(self) -> str:
+        """The weight format in effect, as /version names it (ladle/quant/config.py `quantization_in_effect`)."""
+        return "mxfp4+fp8" if self.linear_fp8 else "mxfp4"
+
     def linear_method(self, layer_kind: str) -> Optional[Fp8LinearMethod]:
         return Fp8LinearMethod(Fp8Config()) if self.linear_fp8 else None
 
