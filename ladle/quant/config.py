@@ -6,7 +6,8 @@
       the release's fp8 values and E8M0 scales kept byte for byte (the kernels read 32-groups); --quantization fp8
       changes nothing for it.
   checkpoint "mxfp4" (ladle's MXFP4-experts layout, ladle/quant/mxfp4.py) -> Mxfp4Config: experts MXFP4 as stored,
-      linears in the model dtype, or FP8 quantized at load with --quantization fp8.
+      linears in the model dtype, or FP8 quantized at load with --quantization fp8; expert activations in the model
+      dtype (W4A16), or FP8 with ladle's `quantization_config.activation_dtype: "fp8"` (W4A8; `mxfp4_activation_dtype`).
   --quantization fp8 on a float checkpoint (or --load-format dummy) -> Fp8Config(from_checkpoint=False).
 Anything else raises ValueError with the supported values.
 A quantized checkpoint always loads in its own format: ladle has no option to build a bf16 model from FP8 / MXFP8 /
@@ -26,9 +27,32 @@ QUANTIZATIONS = ("fp8",)  # what --quantization quantizes to at load
 CHECKPOINT_METHODS = ("fp8", "mxfp8", "mxfp4")  # checkpoint quant_method values ladle reads
 
 
+def _quantization_config(hf_config: dict) -> dict:
+    """`quantization_config` of the root config (or of its text config), {} when absent."""
+    return hf_config.get("quantization_config") or (hf_config.get("text_config") or {}).get("quantization_config") or {}
+
+
+def mxfp4_activation_dtype(hf_config: dict) -> Optional[str]:
+    """Activations of MXFP4 experts: None = the model dtype (W4A16), "fp8" = e4m3 per token per 128-group (W4A8).
+    Read from ladle's `quantization_config.activation_dtype` key (no vLLM flag chooses this; set it with
+    `--hf-overrides '{"quantization_config": {"activation_dtype": "fp8"}}'`). Raises ValueError for another value,
+    or for the key on a checkpoint that has no MXFP4 experts."""
+    qc = _quantization_config(hf_config)
+    value = qc.get("activation_dtype")
+    if value is None:
+        return None
+    if qc.get("quant_method") != "mxfp4":
+        raise ValueError(f"quantization_config.activation_dtype {value!r}: it chooses the activations of MXFP4 "
+                         f"experts, and this checkpoint's quant_method is {qc.get('quant_method')!r}")
+    if value not in ("fp8",):
+        raise ValueError(f"quantization_config.activation_dtype {value!r}: MXFP4 experts take fp8 (W4A8) or, "
+                         "without the key, the model dtype (W4A16)")
+    return value
+
+
 def checkpoint_quant_method(hf_config: dict) -> Optional[str]:
     """`quantization_config.quant_method` of the root config (or of its text config), lower-case, or None."""
-    qc = hf_config.get("quantization_config") or (hf_config.get("text_config") or {}).get("quantization_config") or {}
+    qc = _quantization_config(hf_config)
     method = qc.get("quant_method")
     if method in ("mxfp8", "mxfp4") and list(qc.get("weight_block_size") or [1, 32]) != [1, 32]:
         raise ValueError(f"{method} checkpoint with quantization_config.weight_block_size "
@@ -49,6 +73,8 @@ def check_quantization(flag: Optional[str], hf_config: Optional[dict]) -> Option
     offer = ("ladle offers fp8 (quantize float weights to FP8 E4M3 with 128x128 block scales at load), or leave "
              "--quantization out (the checkpoint's own format)")
     method = None if hf_config is None else checkpoint_quant_method(hf_config)
+    if hf_config is not None:
+        mxfp4_activation_dtype(hf_config)
     if method is not None and method not in CHECKPOINT_METHODS:
         why = "" if flag is None else f"; --quantization {flag} cannot re-quantize an already quantized checkpoint"
         raise ValueError(f"checkpoint quant_method {method!r} is not a format ladle reads (it reads "
@@ -72,7 +98,7 @@ def quant_config_of(model_config: ModelConfig, hf_config: dict) -> "Fp8Config | 
     if method == "mxfp8":
         return Fp8Config(from_checkpoint=True, mx=True)
     if method == "mxfp4":
-        return Mxfp4Config(linear_fp8=flag == "fp8")
+        return Mxfp4Config(linear_fp8=flag == "fp8", activation_dtype=mxfp4_activation_dtype(hf_config))
     return Fp8Config(from_checkpoint=False) if flag == "fp8" else None
 
 

@@ -55,6 +55,15 @@ def test_mismatched_values_refused_against_the_checkpoint():
     assert "[128, 128] block scales only" in msg
 
 
+def test_mxfp4_activation_dtype_key():
+    w4a8 = {"quantization_config": dict(MXFP4["quantization_config"], activation_dtype="fp8")}
+    assert _refusals(None, w4a8) == [] and _refusals("fp8", w4a8) == []
+    (msg,) = _refusals(None, {"quantization_config": dict(MXFP4["quantization_config"], activation_dtype="int8")})
+    assert msg.startswith("quantization_config.activation_dtype 'int8': MXFP4 experts take fp8 (W4A8)")
+    (msg,) = _refusals(None, {"quantization_config": dict(HF_FP8["quantization_config"], activation_dtype="fp8")})
+    assert "chooses the activations of MXFP4 experts" in msg and "'fp8'" in msg
+
+
 def test_refused_with_every_other_refusal_before_loading(tmp_path):
     path = make_checkpoint(str(tmp_path / "m3"), "tiny", config_only=True)  # no weights: nothing could load
     cfg = EngineConfig(model=ModelConfig(model=path, device="cpu", quantization="int8"),
