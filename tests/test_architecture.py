@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "ladle"
 ALLOWED = {
     "config": set(),
     "core": {"core"},
-    "engine": {"engine", "core", "runner", "models", "observe"},
+    "engine": {"engine", "core", "runner", "models", "quant", "observe"},  # quant: --quantization vs config.json
     "runner": {"runner", "core", "models", "layers", "kernels", "distributed", "observe"},
     "models": {"models", "quant", "layers", "kernels", "distributed", "observe"},
     "quant": {"quant", "layers", "kernels", "distributed", "observe"},  # quant methods for the layer kit

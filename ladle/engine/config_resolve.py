@@ -1,6 +1,6 @@
 """Resolve an EngineConfig against the model: device, dtype, max_model_len, block size and the runner's backend
 choices (--attention-backend, --moe-backend, --fused-norms, --cuda-graph-sizes; ladle/runner/op_backends.py)
-become concrete.
+become concrete; --quantization is checked against the checkpoint's quantization_config.
 
 `resolve_engine_config(config, source, model_cls)` returns a new EngineConfig (dataclasses.replace; the
 input is never mutated). User errors raise `ConfigError` (a ValueError) with a message that says why; all the
@@ -20,6 +20,7 @@ import torch
 
 from ladle.config import GiB, EngineConfig, env_flag, format_refusals
 from ladle.models.hf_config import text_config_of
+from ladle.quant.config import check_quantization
 from ladle.runner.op_backends import (expand_cuda_graph_sizes, resolve_attention_backend, resolve_moe_backend,
                                       resolve_runner_config)
 
@@ -197,6 +198,18 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str) -> str:
                       "fp8_e5m2 (FP8 K/V and index-K caches with per-tensor scales)")
 
 
+def resolve_quantization(quantization: Optional[str], hf_config: Optional[dict]) -> Optional[str]:
+    """--quantization checked against the checkpoint's config.json `quantization_config` before anything loads
+    (ladle/quant/config.py `check_quantization`: fp8, the checkpoint's own format, or nothing; a checkpoint format
+    ladle does not read is refused here too). Returns the flag unchanged; the format in effect is filled in after
+    the load (ladle/engine/engine_factory.py, for /version)."""
+    try:
+        check_quantization(quantization, hf_config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return quantization
+
+
 def _language_model_only(value: bool) -> bool:
     if not value:
         raise ConfigError("--no-language-model-only: ladle has no vision or audio encoder; it always loads the text "
@@ -230,6 +243,8 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
     if hf_config is not None or config.model.dtype != "auto":
         model_fields["dtype"] = refusals.run(resolve_dtype, config.model.dtype, device, hf_config or {},
                                              fallback=config.model.dtype)
+    model_fields["quantization"] = refusals.run(resolve_quantization, config.model.quantization, hf_config,
+                                                fallback=config.model.quantization)
     cache_fields: dict[str, Any] = dict(kv_cache_dtype=refusals.run(resolve_kv_cache_dtype, config.cache.kv_cache_dtype,
                                                                       fallback=config.cache.kv_cache_dtype))
     if hf_config is not None:

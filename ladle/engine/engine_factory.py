@@ -22,6 +22,7 @@ from ladle.engine.config_resolve import (ConfigError, config_refusals, resolve_e
                                          torch_dtype)
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.tokenizer import eos_token_ids, load_tokenizer
+from ladle.quant.config import quantization_in_effect
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +159,10 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
     core = EngineCore(scheduler, runner, max_model_len=mc.max_model_len, eos_token_ids=eos)
     logger.info(startup_summary(resolved, model, runner.num_blocks))
     name = _model_name(resolved, source)  # before the path is filled in: the default model keeps its GGUF name
-    # what is in effect (/version): the model path the source resolved to (None meant the embedded default)
-    resolved = dataclasses.replace(resolved, model=dataclasses.replace(resolved.model, model=source.path))
+    # what is in effect (/version): the model path the source resolved to (None meant the embedded default) and
+    # the weight format the model was built with (ladle/quant/config.py: "fp8", "mxfp4", "mxfp4+fp8" or None)
+    resolved = dataclasses.replace(resolved, model=dataclasses.replace(
+        resolved.model, model=source.path, quantization=quantization_in_effect(mc, source.hf_config)))
     logger.info("engine ready in %.1f s: %s on %s (%s), max_model_len %d, block %d, %d KV blocks",
                 time.monotonic() - t0, name, mc.device, mc.dtype, mc.max_model_len, resolved.cache.block_size,
                 runner.num_blocks)

@@ -22,8 +22,8 @@ the weight group; BLOCK_N is free (the weight scale is loaded per column). Ragge
 Kernel `_fp8_gemm_kernel`: 2-D grid (cdiv(M, BM), cdiv(N, BN)); the tile is chosen from the local M
 (`select_gemm_config`). `fp8_gemm_ref` dequantizes both operands and multiplies in `compute_dtype`.
 For large M on CUDA, `torch._scaled_mm` (cuBLASLt) is a possible alternative; it takes per-tensor or row-wise
-scales only on sm_90, so it would need a different weight scale layout. Which one is faster is left to a GPU
-measurement; today every M runs this kernel.
+scales only on sm_90, so it would need a different weight scale layout. benchmarks/gpu_quant_suite.py times it with
+row-wise scales as a speed reference (not the same math); today every M runs this kernel.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ summation order (and by the intermediate's rounding to x.dtype).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -147,20 +147,33 @@ def fused_moe_fp8_ref(
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
     compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """Reference (module doc): activations quantized like the kernel, per expert dense math in `compute_dtype` on
-    dequantized operands; the intermediate is rounded to x.dtype before its quantization, as in the kernel."""
+    """Reference (module doc): `w8a8_moe_ref` on the dequantized FP8 / MXFP8 expert tables."""
+    return w8a8_moe_ref(x, lambda e: (dequant_block_fp8(w13[e], w13_scale[e], compute_dtype),
+                                      dequant_block_fp8(w2[e], w2_scale[e], compute_dtype)),
+                        topk_ids, topk_weights, alpha, limit, compute_dtype)
+
+
+def w8a8_moe_ref(
+    x: torch.Tensor, expert_weights: Callable[[int], tuple[torch.Tensor, torch.Tensor]], topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """The FP8-activation MoE reference math (shared with ladle/kernels/fused_moe_mxfp4.py's W4A8 variant):
+    x [T, H] quantized per token per 128-group (`act_quant_ref`) and dequantized; per expert e touched by topk_ids,
+    `expert_weights(e)` gives its dequantized (w13 [2I, H], w2 [H, I]) in compute_dtype; the intermediate is
+    rounded to x.dtype and quantized the same way before GEMM 2, as in the kernels. Returns [T, H] in x.dtype."""
     T, H = x.shape
-    I = w13.shape[1] // 2
     a_q, a_s = act_quant_ref(x)
     xc = dequant_block_fp8(a_q, a_s, compute_dtype)
     out = torch.zeros((T, H), dtype=compute_dtype, device=x.device)
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        w = dequant_block_fp8(w13[e], w13_scale[e], compute_dtype)
-        h = swigluoai_ref(xc[tok] @ w[:I].T, xc[tok] @ w[I:].T, alpha, limit).to(x.dtype)
+        w13, w2 = expert_weights(e)
+        i = w13.shape[0] // 2
+        h = swigluoai_ref(xc[tok] @ w13[:i].T, xc[tok] @ w13[i:].T, alpha, limit).to(x.dtype)
         h_q, h_s = act_quant_ref(h)
-        y = dequant_block_fp8(h_q, h_s, compute_dtype) @ dequant_block_fp8(w2[e], w2_scale[e], compute_dtype).T
+        y = dequant_block_fp8(h_q, h_s, compute_dtype) @ w2.T
         out.index_add_(0, tok, y * topk_weights[tok, slot].to(compute_dtype)[:, None])
     return out.to(x.dtype)
 

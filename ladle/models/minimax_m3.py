@@ -33,7 +33,7 @@ from ladle.layers.norm import RMSNorm
 from ladle.layers.rotary import RotaryEmbedding
 from ladle.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from ladle.models.minimax_m3_config import M3Config, parse_m3_config
-from ladle.models.minimax_m3_weights import dequantize_fp8_pairs, m3_weight_table
+from ladle.models.minimax_m3_weights import m3_weight_table
 from ladle.models.weights import TPShard, init_dummy_weights, load_weights_by_table
 
 
@@ -166,14 +166,13 @@ class MiniMaxM3ForCausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden_states).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16, HF block FP8 or
-        MXFP8 (kept as FP8 when the model was built in FP8 by ladle/quant/config.py, else dequantised here), MXFP4
-        experts, through the one name table. Returns the names of parameters whose every piece was written. Raises
-        ValueError on unknown names (outside the documented skip list: vision tower, projector, patch merge, MTP) and
-        on shape mismatches."""
-        stores_fp8 = any(p.dtype == torch.float8_e4m3fn and not hasattr(p, "load_dtype") for p in self.parameters())
-        if not stores_fp8:  # a model built in FP8 from an HF block-FP8 checkpoint takes the pairs as they are
-            weights = dequantize_fp8_pairs(weights)
+        """Release (`language_model.`), text-only (`model.`) and transformers-fused layouts, bf16, HF block FP8,
+        MXFP8 or MXFP4 experts, through the one name table; every quantized pair (`X.weight` + its scale) goes to
+        the quant method's weight loaders, so an FP8 checkpoint needs a model built in its quant config
+        (`quant_config_scope(quant_config_of(...))`, as ladle/models/loader.py does for every model). Returns the
+        names of parameters whose every piece was written. Raises UnknownWeightError on unknown names (outside the
+        documented skip list: vision tower, projector, patch merge, MTP; a scale for an unquantized model is one)
+        and ValueError on shape mismatches."""
         return load_weights_by_table(self, weights, self.weight_names)
 
     def init_dummy_weights(self, seed: int) -> None:

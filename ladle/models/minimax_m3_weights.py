@@ -1,4 +1,4 @@
-"""MiniMax-M3 checkpoint name table (three layouts) and MXFP8 dequantisation at load.
+"""MiniMax-M3 checkpoint name table (three layouts).
 
 The name table feeds the one loading protocol (ladle/models/weights.py): each row maps checkpoint names to a
 parameter of MiniMaxM3ForCausalLM and its weight_loader's shard_id (and expert_id for the FusedMoE tables).
@@ -14,18 +14,15 @@ Layouts accepted (design/minimax_m3.md §1.1, §2; minimax_m3_vs_transformers.md
                    `mlp.shared_experts.gate_up_proj.weight`, `self_attn.indexer.*`, dense `mlp.gate_up_proj.weight`
 Skipped (documented): vision tower, multimodal projector, patch-merge MLP, MTP modules.
 
-MXFP8 (§2.2): `X.weight` float8_e4m3fn [N, K] + `X.weight_scale_inv` uint8 [N, K/32]; each byte is an E8M0
-exponent and the dequantised value is fp8 × 2^(byte − 127) (a multiplier despite the name). Dequantised at load.
+Quantized checkpoints (MXFP8 §2.2, HF block FP8, MXFP4 experts §2.3): a scale `X.weight_scale_inv` / `X.weight_scale`
+maps to the parameter of `X.weight` + "_scale_inv" (ladle/models/weights.py); the model is built in the checkpoint's
+quant config (ladle/quant/config.py), so the pairs are kept as stored, never dequantised to the model dtype.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator
 
-import torch
-
-from ladle.kernels.fp8_quant import dequant_block_fp8, quantize_mxfp8  # noqa: F401  (re-exported)
 from ladle.models.minimax_m3_config import M3Config
 from ladle.models.weights import WeightNameTable, WeightRule
 
@@ -82,26 +79,3 @@ def m3_weight_table(cfg: M3Config) -> WeightNameTable:
         skip += (r"(?:language_model\.)?lm_head\.weight$",)
     return WeightNameTable(rules, prefixes=PREFIXES, skip=skip)
 
-
-def dequantize_fp8_pairs(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Pass tensors through, pairing each block-FP8 `X.weight` with its `X.weight_scale_inv` (in either order) and
-    yielding (`X.weight`, float32 dequantised) once both arrived. Raises ValueError at the end for orphans."""
-    pending_fp8: dict[str, torch.Tensor] = {}
-    pending_scale: dict[str, torch.Tensor] = {}
-    for name, tensor in weights:
-        if name.endswith(".weight_scale_inv"):
-            base = name[: -len("_scale_inv")]
-            if base in pending_fp8:
-                yield base, dequant_block_fp8(pending_fp8.pop(base), tensor)
-            else:
-                pending_scale[base] = tensor
-        elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            if name in pending_scale:
-                yield name, dequant_block_fp8(tensor, pending_scale.pop(name))
-            else:
-                pending_fp8[name] = tensor
-        else:
-            yield name, tensor
-    if pending_fp8 or pending_scale:
-        orphans = sorted(pending_fp8)[:3] + sorted(pending_scale)[:3]
-        raise ValueError(f"FP8 weights without scales (or scales without weights), e.g. {orphans}")

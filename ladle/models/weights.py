@@ -133,8 +133,10 @@ def load_weights_by_table(model: nn.Module, weights: Iterable[tuple[str, torch.T
             continue
         pname, kwargs = target
         if pname not in params:
+            hint = ("; a quantization scale for a model built unquantized: build it in the checkpoint's quant config "
+                    "(ladle.quant.config.quant_config_of)" if name.endswith(SCALE_SUFFIXES) else "")
             raise UnknownWeightError(f"unknown checkpoint tensor {name!r}: it maps to {pname!r}, but "
-                                     f"{type(model).__name__} has no parameter of that name")
+                                     f"{type(model).__name__} has no parameter of that name{hint}")
         key = (pname, *sorted(kwargs.items(), key=lambda kv: kv[0]))
         if key in pieces:
             raise ValueError(f"checkpoint tensor {name!r} written twice into {pname!r} ({kwargs})")

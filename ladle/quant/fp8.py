@@ -47,6 +47,11 @@ class Fp8Config:
     def __post_init__(self) -> None:
         assert self.from_checkpoint or not self.mx, "MXFP8 comes from a checkpoint only"
 
+    @property
+    def format_name(self) -> str:
+        """The weight format in effect, as /version names it (ladle/quant/config.py `quantization_in_effect`)."""
+        return "fp8"
+
     def scale_format(self) -> tuple[int, torch.dtype]:
         """(K elements per weight scale, scale dtype) of this config's weights."""
         return (MX_GROUP, torch.uint8) if self.mx else (GROUP, torch.float32)

@@ -23,8 +23,6 @@ from ladle.quant.fp8 import Fp8Config, _param, _quantize_into, expand_scale_rows
 class Fp8FusedMoEMethod:
     """FusedMoE quant method with FP8 block-scaled expert tables, run by op `fused_moe_fp8`."""
 
-    expert_op = staticmethod(fused_moe_fp8)
-
     def __init__(self, config: Fp8Config = Fp8Config()) -> None:
         self.config = config
 
@@ -45,9 +43,9 @@ class Fp8FusedMoEMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               use_triton: bool) -> torch.Tensor:
-        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype, by the method's `expert_op`."""
-        return self.expert_op(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
-                              topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
+        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype (op `fused_moe_fp8`)."""
+        return fused_moe_fp8(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
+                             topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
 
 
 def register_expert_table(layer: nn.Module, name: str, weight: nn.Parameter, scale: nn.Parameter, init) -> None:

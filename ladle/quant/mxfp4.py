@@ -1,4 +1,4 @@
-"""MXFP4 experts (weight-only, W4A16) for FusedMoE: the quant method of MXFP4 checkpoints.
+"""MXFP4 experts (4-bit weights; W4A16 or W4A8) for FusedMoE: the quant method of MXFP4 checkpoints.
 
 Checkpoint (written by `ladle make-checkpoint minimax-m3 --dtype mxfp4`; design/minimax_m3.md §2.3): every expert
 projection — routed w1/w3/w2 and the shared expert's gate/up/down — as `X.weight` uint8 [N, K/2] (two E2M1 codes
@@ -9,7 +9,9 @@ The third-party releases' names (compressed-tensors `weight_packed`, Quark's unc
 
 Parameters (kept as stored, re-laid only by the usual row / tensor-parallel slicing): `w13` uint8 [E', 2 I_r, H/2],
 `w13_scale_inv` uint8 [E', 2 I_r, H/32], `w2` uint8 [E', H, I_r/2], `w2_scale_inv` uint8 [E', H, I_r/32]; run by op
-`fused_moe_mxfp4` (dequantised inside the K loop).
+`fused_moe_mxfp4` (dequantised inside the K loop), with activations in the model dtype (W4A16) or, when
+`Mxfp4Config.activation_dtype` is "fp8" (ladle's `quantization_config.activation_dtype`, ladle/quant/config.py), FP8
+per token per 128-group (W4A8).
 """
 
 from __future__ import annotations
@@ -32,12 +34,18 @@ class Mxfp4Config:
     """MXFP4 experts; linears unquantized, or FP8 quantized at load when linear_fp8 (`--quantization fp8`)."""
 
     linear_fp8: bool = False
+    activation_dtype: Optional[str] = None  # experts' activations: None = model dtype (W4A16), "fp8" (W4A8)
+
+    @property
+    def format_name(self) -> str:
+        """The weight format in effect, as /version names it (ladle/quant/config.py `quantization_in_effect`)."""
+        return "mxfp4+fp8" if self.linear_fp8 else "mxfp4"
 
     def linear_method(self, layer_kind: str) -> Optional[Fp8LinearMethod]:
         return Fp8LinearMethod(Fp8Config()) if self.linear_fp8 else None
 
     def moe_method(self) -> "Mxfp4FusedMoEMethod":
-        return Mxfp4FusedMoEMethod()
+        return Mxfp4FusedMoEMethod(self)
 
 
 def _quantize_table(w: nn.Parameter, s: nn.Parameter, values: torch.Tensor) -> None:
@@ -49,9 +57,18 @@ def _quantize_table(w: nn.Parameter, s: nn.Parameter, values: torch.Tensor) -> N
 
 
 class Mxfp4FusedMoEMethod(Fp8FusedMoEMethod):
-    """FusedMoE quant method with MXFP4 expert tables (module doc); `apply` is the FP8 method's, with this op."""
+    """FusedMoE quant method with MXFP4 expert tables (module doc), run by op `fused_moe_mxfp4`: W4A16, or W4A8 when
+    the config's activation_dtype is "fp8"."""
 
-    expert_op = staticmethod(fused_moe_mxfp4)
+    def __init__(self, config: Mxfp4Config = Mxfp4Config()) -> None:
+        self.config = config
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              use_triton: bool) -> torch.Tensor:
+        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype."""
+        return fused_moe_mxfp4(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
+                               topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton,
+                               fp8_activations=self.config.activation_dtype == "fp8")
 
     def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: Optional[torch.dtype], device, weight_loader) -> None:

@@ -129,17 +129,23 @@ class PagedDriver:
 
 def load_m3_dir(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """Build a MiniMaxM3ForCausalLM from a checkpoint directory (config.json + *.safetensors), without the
-    engine's loader. Raises ValueError if a parameter is left unwritten."""
+    engine's loader, in the checkpoint's quant config as the loader builds it (FP8 / MXFP8 / MXFP4 kept as stored).
+    Raises ValueError if a parameter is left unwritten."""
     import glob
     import json
     import os
 
     from safetensors.torch import load_file
 
+    from ladle.config import ModelConfig
+    from ladle.layers.quant_slot import quant_config_scope
     from ladle.models.minimax_m3 import MiniMaxM3ForCausalLM
+    from ladle.quant.config import quant_config_of
 
     with open(os.path.join(path, "config.json")) as f:
-        model = MiniMaxM3ForCausalLM(json.load(f), dtype, device)
+        hf_config = json.load(f)
+    with quant_config_scope(quant_config_of(ModelConfig(), hf_config)):
+        model = MiniMaxM3ForCausalLM(hf_config, dtype, device)
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     loaded = model.load_weights(kv for fn in files for kv in load_file(fn).items())
     missing = {n for n, _ in model.named_parameters()} - loaded

@@ -11,7 +11,7 @@ from m3_helpers import prompt
 from ladle.kernels.fused_moe import swigluoai_ref
 from ladle.layers.moe import FusedMoE
 from drivers.minimax_m3_paged import PagedDriver
-from ladle.models.minimax_m3_weights import dequant_block_fp8, quantize_mxfp8
+from ladle.kernels.fp8_quant import dequant_block_fp8, quantize_mxfp8
 
 BLOCK, TOPK = 16, 4
 
