@@ -1,4 +1,5 @@
-"""Candidate tile grids and the paste-ready tile-table literal of benchmarks/gpu_fp8_tiles.py.
+"""Candidate tile grids, the row recorder / report and the paste-ready tile-table literal of
+benchmarks/gpu_fp8_tiles.py.
 
 Grids, ordered likeliest first (a cut-short sweep measures the head of each list), per M bucket of the tables in
 ladle/kernels/fp8_gemm.py (GEMM_TILES) and ladle/kernels/fused_moe.py (MOE_TILES):
@@ -18,6 +19,14 @@ MXFP8 steps K by 32 (a quarter of the bytes per step), so its candidates get two
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import threading
+import time
+
+import torch
+
+from ladle.kernels import fp8_gemm, fused_moe
 
 from ladle.kernels.fp8_gemm import GemmTileConfig as G
 from ladle.kernels.fused_moe import MoETileConfig as T
@@ -148,3 +157,58 @@ def print_report(rows: list, bw: float, fl: float, skipped: int, stopped, litera
     print("* speed reference only: row-wise scales, not ladle's block-scaled math (gpu_quant_suite's module doc)")
     print("\n# best tile per kernel family and M bucket (paste over the tables in ladle/kernels/fp8_gemm.py and "
           "ladle/kernels/fused_moe.py):\n" + literal, flush=True)
+
+
+class Recorder:
+    """Rows, the JSON file (rewritten after every row) and the final report; safe to call from the watchdog."""
+
+    def __init__(self, path, timer, args):
+        self.path, self.timer, self.args, self.rows, self.lock = path, timer, args, [], threading.Lock()
+        self.t0, self.skipped, self.stopped = time.monotonic(), 0, None
+
+    def add(self, row):
+        with self.lock:
+            self.rows.append(row)
+            self._write(finished=False)
+        us, rel = row["graph_us"], row["rel_err"]
+        print(f"ROW {row['kernel']} M={row['m']} {row['shape']} {row['config_key']} {row['status']} "
+              f"rel={'-' if rel is None else f'{rel:.1e}'} {'-' if us is None else f'{us:.1f}'} us "
+              f"{row.get('error', '')[:100]}", flush=True)
+
+    def _write(self, finished):
+        out = {"copy_GBps": self.timer.bw, "bf16_TFps": self.timer.fl, "smoke": self.args.smoke,
+               "budget_s": self.args.time_budget_s, "elapsed_s": time.monotonic() - self.t0, "finished": finished,
+               "skipped_jobs": self.skipped, "stopped": self.stopped, "tiles": literals(self.rows),
+               "rows": [{k: v for k, v in r.items() if k != "config_obj"} for r in self.rows]}
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        os.replace(tmp, self.path)
+
+    def finish(self, finished):
+        if not self.lock.acquire(timeout=10):
+            print("(recorder busy; the table below may miss the last row)", flush=True)
+        try:
+            self._write(finished)
+            print_report(self.rows, self.timer.bw, self.timer.fl, self.skipped, self.stopped, literals(self.rows))
+        finally:
+            if self.lock.locked():
+                self.lock.release()
+
+
+def literals(rows) -> str:
+    gemm = best_per_bucket(rows, "gemm", fp8_gemm.GEMM_TILES)
+    moe = best_per_bucket(rows, "moe", fused_moe.MOE_TILES)
+    return (tiles_literal("GEMM_TILES", "GemmTileConfig", gemm, fp8_gemm.MAX_TOKENS) + "\n\n"
+            + tiles_literal("MOE_TILES", "MoETileConfig", moe, fused_moe.MAX_TOKENS))
+
+
+def cuda_poisoned() -> bool:
+    """True when the CUDA context is unusable (an illegal access is sticky: every later call would fail)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001
+        return True

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import multiprocessing as mp
 import os
@@ -50,8 +49,7 @@ if "--smoke" in sys.argv:  # before triton is imported: the CPU interpreter runs
 import torch  # noqa: E402
 
 sys.path.insert(0, ".")
-from benchmarks.fp8_tile_grid import (best_per_bucket, gemm_candidates, moe_candidates, print_report,  # noqa: E402
-                                      tiles_literal)
+from benchmarks.fp8_tile_grid import Recorder, cuda_poisoned, gemm_candidates, moe_candidates  # noqa: E402
 from benchmarks.gpu_bench_common import L2_BYTES, rel_err  # noqa: E402
 from benchmarks.gpu_quant_suite import (GEMM_FORMATS, SMOKE, Shapes, Timer, gemm_inputs,  # noqa: E402
                                         moe_inputs, moe_tables, scaled_mm_case)
@@ -136,10 +134,10 @@ def fp8_gemm_group(data, m, n, k, name, quantize, scale_bytes, max_cfg):
                  gemm_candidates(m, family, current, max_cfg), fns, lambda cfg: rel_err(fns(cfg)[0](), ref()))
 
 
-def gemm_groups(data, m, n, k, max_cfg):
+def gemm_groups(data, m, n, k, max_cfg, wanted):
     """The two FP8 GEMM formats at (m, n, k) plus the bf16 matmul and (M >= 128) scaled_mm references."""
     flops, shape = 2 * m * n * k, f"{n}x{k}"
-    groups = [fp8_gemm_group(data, m, n, k, *fmt, max_cfg) for fmt in GEMM_FORMATS]
+    groups = [fp8_gemm_group(data, m, n, k, *fmt, max_cfg) for fmt in GEMM_FORMATS if wanted(fmt[0])]
     if data.compile_only:
         return groups
     bf16_w = _lazy(lambda: [data.gemm(m, n, k)[0].to(torch.bfloat16) for _ in range(data.copies(m, 2 * n * k))])
@@ -148,16 +146,23 @@ def gemm_groups(data, m, n, k, max_cfg):
         xs = data.gemm(m, n, k)[1]
         return [lambda x=xs[i % len(xs)], wb=wb: x @ wb.T for i, wb in enumerate(bf16_w())]
 
-    groups.append(Group(f"bf16 matmul|{m}|{shape}", "bf16 matmul", None, "ref", m, shape, 2 * n * k, flops, [None],
-                        bf16_fns, lambda _cfg: float("nan")))
-    if m >= 128 and not data.smoke:
+    if wanted("bf16 matmul"):
+        groups.append(Group(f"bf16 matmul|{m}|{shape}", "bf16 matmul", None, "ref", m, shape, 2 * n * k, flops,
+                            [None], bf16_fns, _run_once(bf16_fns)))
+    if m >= 128 and wanted("scaled_mm rowwise*"):
         def mm_fns(_cfg):
             w, xs = data.gemm(m, n, k)
             return [f for i in range(data.copies(m, n * k)) for f in scaled_mm_case(w, [xs[i % len(xs)]])[0]]
 
+        mm = _memo_fns(mm_fns)
         groups.append(Group(f"scaled_mm|{m}|{shape}", "scaled_mm rowwise*", None, "ref", m, shape, n * k, flops,
-                            [None], _memo_fns(mm_fns), lambda _cfg: float("nan")))
+                            [None], mm, _run_once(mm)))
     return groups
+
+
+def _run_once(fns):
+    """check() of a reference row: one call (so smoke runs it too); its error is not measured (NaN)."""
+    return lambda cfg: (fns(cfg)[0](), float("nan"))[1]
 
 
 def _memo_fns(build):
@@ -185,13 +190,15 @@ def moe_group(data, m, name, max_cfg):
 
 def build_groups(data, sizes, max_cfg, only):
     """Every group of the sweep, in priority order (PRIORITY kernels, prefill first, then the references)."""
+    def wanted(kernel):
+        return not only or any(o in kernel for o in only)
+
     groups = []
     for m in sizes:
         for n, k in data.shapes.gemms:
-            groups += gemm_groups(data, m, n, k, max_cfg)
+            groups += gemm_groups(data, m, n, k, max_cfg, wanted)
         names = tuple(MOE_FAMILY) if data.compile_only else ("fused_moe bf16",) + tuple(MOE_FAMILY)
-        groups += [moe_group(data, m, name, max_cfg) for name in names]
-    groups = [g for g in groups if not only or any(o in g.kernel for o in only)]
+        groups += [moe_group(data, m, name, max_cfg) for name in names if wanted(name)]
     rank = {name: i for i, name in enumerate(PRIORITY)}
     return sorted(groups, key=lambda g: (rank.get(g.kernel, len(rank)), -g.m if g.m > 256 else g.m))
 
@@ -252,61 +259,6 @@ def start_compile_workers(n, shapes, sizes, max_cfg, smoke, jobs):
 
 
 # ---------------------------------------------------------------------------------------------------------- the sweep
-class Recorder:
-    """Rows, the JSON file (rewritten after every row) and the final report; safe to call from the watchdog."""
-
-    def __init__(self, path, timer, args):
-        self.path, self.timer, self.args, self.rows, self.lock = path, timer, args, [], threading.Lock()
-        self.t0, self.skipped, self.stopped = time.monotonic(), 0, None
-
-    def add(self, row):
-        with self.lock:
-            self.rows.append(row)
-            self._write(finished=False)
-        us, rel = row["graph_us"], row["rel_err"]
-        print(f"ROW {row['kernel']} M={row['m']} {row['shape']} {row['config_key']} {row['status']} "
-              f"rel={'-' if rel is None else f'{rel:.1e}'} {'-' if us is None else f'{us:.1f}'} us "
-              f"{row.get('error', '')[:100]}", flush=True)
-
-    def _write(self, finished):
-        out = {"copy_GBps": self.timer.bw, "bf16_TFps": self.timer.fl, "smoke": self.args.smoke,
-               "budget_s": self.args.time_budget_s, "elapsed_s": time.monotonic() - self.t0, "finished": finished,
-               "skipped_jobs": self.skipped, "stopped": self.stopped, "tiles": literals(self.rows),
-               "rows": [{k: v for k, v in r.items() if k != "config_obj"} for r in self.rows]}
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=1, default=str)
-        os.replace(tmp, self.path)
-
-    def finish(self, finished):
-        if not self.lock.acquire(timeout=10):
-            print("(recorder busy; the table below may miss the last row)", flush=True)
-        try:
-            self._write(finished)
-            print_report(self.rows, self.timer.bw, self.timer.fl, self.skipped, self.stopped, literals(self.rows))
-        finally:
-            if self.lock.locked():
-                self.lock.release()
-
-
-def literals(rows) -> str:
-    gemm = best_per_bucket(rows, "gemm", fp8_gemm.GEMM_TILES)
-    moe = best_per_bucket(rows, "moe", fused_moe.MOE_TILES)
-    return (tiles_literal("GEMM_TILES", "GemmTileConfig", gemm, fp8_gemm.MAX_TOKENS) + "\n\n"
-            + tiles_literal("MOE_TILES", "MoETileConfig", moe, fused_moe.MAX_TOKENS))
-
-
-def cuda_poisoned() -> bool:
-    """True when the CUDA context is unusable (an illegal access is sticky: every later call would fail)."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return False
-    try:
-        torch.cuda.synchronize()
-        return False
-    except Exception:  # noqa: BLE001
-        return True
-
-
 def run_job(g: Group, cfg, timer, args) -> dict:
     """Check one config against the reference, then time it; every failure is recorded in the row."""
     row = {"kernel": g.kernel, "family": g.family, "table": g.table, "m": g.m, "shape": g.shape,
