@@ -18,7 +18,9 @@ MXFP8 steps K by 32 (a quarter of the bytes per step), so its candidates get two
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import threading
@@ -160,7 +162,8 @@ def print_report(rows: list, bw: float, fl: float, skipped: int, stopped, litera
 
 
 class Recorder:
-    """Rows, the JSON file (rewritten after every row) and the final report; safe to call from the watchdog."""
+    """Rows, the JSON file (rewritten after every row) and the final report (printed and written next to the JSON
+    as .txt); safe to call from the watchdog."""
 
     def __init__(self, path, timer, args):
         self.path, self.timer, self.args, self.rows, self.lock = path, timer, args, [], threading.Lock()
@@ -190,7 +193,12 @@ class Recorder:
             print("(recorder busy; the table below may miss the last row)", flush=True)
         try:
             self._write(finished)
-            print_report(self.rows, self.timer.bw, self.timer.fl, self.skipped, self.stopped, literals(self.rows))
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                print_report(self.rows, self.timer.bw, self.timer.fl, self.skipped, self.stopped, literals(self.rows))
+            with open(os.path.splitext(self.path)[0] + ".txt", "w") as f:
+                f.write(text.getvalue())
+            print(text.getvalue(), flush=True)
         finally:
             if self.lock.locked():
                 self.lock.release()

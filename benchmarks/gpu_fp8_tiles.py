@@ -1,8 +1,11 @@
 """Tile sweep for the FP8 / MXFP8 dense GEMM and the FP8 / MXFP8 / MXFP4 fused MoE at one TP4 rank of MiniMax-M3
 (issue 11: "tiles chosen from the local shape"). A script, not a test; one device call of about 4 minutes:
 
-    PYTHONPATH=. python3 benchmarks/gpu_fp8_tiles.py --out fp8_tiles.json [--time-budget-s 200]
+    PYTHONPATH=. python3 benchmarks/gpu_fp8_tiles.py --out fp8_tiles.json [--time-budget-s 200] [--only fused_moe]
     python3 benchmarks/gpu_fp8_tiles.py --smoke       # CPU: Triton interpreter, tiny shapes, 2 configs, no timing
+
+Writes fp8_tiles.json (every row; rewritten after each) and fp8_tiles.txt (the report below); prints one ROW line
+per config, then the report. Worst case it ends at --time-budget-s + --grace-s (225 s) after start-up.
 
 What it measures, per (kernel, M) with M = 1, 32, 128 (decode) and 8192 (prefill), shapes of benchmarks/
 gpu_quant_suite.py (whose data builders it reuses): `fp8_gemm_triton` with 128-group fp32 and MXFP8 E8M0 weight
@@ -56,6 +59,7 @@ from benchmarks.gpu_quant_suite import (GEMM_FORMATS, SMOKE, Shapes, Timer, gemm
 from ladle.kernels import fp8_gemm, fused_moe  # noqa: E402
 from ladle.kernels.fp8_gemm import fp8_gemm_ref, fp8_gemm_triton  # noqa: E402
 from ladle.kernels.fp8_quant import act_quant_triton  # noqa: E402
+from ladle.kernels.moe_align import moe_align_triton  # noqa: E402
 
 GEMM_FAMILY = {"fp8 gemm 128": "fp8", "fp8 gemm mxfp8": "mxfp8"}
 MOE_FAMILY = {"fused_moe fp8": "fp8", "fused_moe mxfp8": "mxfp8", "fused_moe mxfp4": "mxfp4",
@@ -216,7 +220,8 @@ _WORKER: dict = {}
 
 def _worker_init(shapes: Shapes, sizes, max_cfg, smoke):
     """A compile worker: Triton launches become JITFunction warm-ups (compile into the on-disk cache, no kernel
-    runs), on the same shapes with 8 experts (the kernels' specialisation does not depend on the expert count)."""
+    runs), on the same shapes with 8 experts (the GEMM kernels' specialisation does not depend on the expert count;
+    moe_align's does, so it is warmed with the real count)."""
     if not smoke:
         from triton.runtime.jit import JITFunction
 
@@ -230,6 +235,7 @@ def _worker_init(shapes: Shapes, sizes, max_cfg, smoke):
     try:
         data = Data(dataclasses.replace(shapes, e=7), smoke, compile_only=True)
         _WORKER.update({g.key: g for g in build_groups(data, sizes, max_cfg, None)})
+        _WORKER["align"] = (data, shapes.e + 1)
     except Exception as exc:  # noqa: BLE001 - a raising initializer would be respawned by the pool forever
         _WORKER["broken"] = f"{type(exc).__name__}: {exc}"
 
@@ -239,7 +245,11 @@ def _worker_job(job):
     if "broken" in _WORKER:
         return _WORKER["broken"]
     try:
-        _WORKER[key].fns(cfg)[0]()
+        g = _WORKER[key]
+        g.fns(cfg)[0]()
+        if g.table == "moe":  # moe_align specialises on the expert count: warm it for the real table's
+            data, experts = _WORKER["align"]
+            moe_align_triton(data.moe(g.m)[1][0][0], experts, cfg.block_m)
         return None
     except Exception as exc:  # noqa: BLE001 - the main thread compiles (and records) it again
         return f"{key} {cfg}: {type(exc).__name__}"
