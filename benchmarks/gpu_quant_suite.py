@@ -116,28 +116,41 @@ def rowwise_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
-def run_scaled_mm(timer, m, w, xs):
-    """torch._scaled_mm with row-wise scales: a speed reference, not ladle's block-scaled math (module doc)."""
-    n, k = w.shape
+def scaled_mm_case(w, xs):
+    """torch._scaled_mm with row-wise scales on weight w [N, K] and activations xs: (one fn per x, the first
+    call's row-wise float32 reference). A speed reference, not ladle's block-scaled math (module doc)."""
     w_q, w_s = rowwise_fp8(w)
     scale_b = w_s.t().contiguous()  # [1, N]; w_q.t() is the column-major [K, N] operand cuBLASLt wants
     acts = [rowwise_fp8(x) for x in xs]
     fns = [lambda a=a: torch._scaled_mm(a[0], w_q.t(), scale_a=a[1], scale_b=scale_b, out_dtype=torch.bfloat16)
            for a in acts]
-    ref = (acts[0][0].float() * acts[0][1]) @ (w_q.float() * w_s).T
+    return fns, (acts[0][0].float() * acts[0][1]) @ (w_q.float() * w_s).T
+
+
+def run_scaled_mm(timer, m, w, xs):
+    n, k = w.shape
+    fns, ref = scaled_mm_case(w, xs)
     add_row(timer, "scaled_mm rowwise*", f"M={m} {n}x{k}", fns, n * k * (1 + 4 / k), 2 * m * n * k,
             f"rel {rel_err(fns[0](), ref):.1e} (own math)")
 
 
+# the dense GEMM's weight formats: (row name, quantizer of a [N, K] weight, scale bytes per weight element)
+GEMM_FORMATS = (("fp8 gemm 128", quantize_fp8_rows, 4 / 128), ("fp8 gemm mxfp8", quantize_mxfp8, 1 / 32))
+
+
+def gemm_inputs(shapes, m, n, k):
+    """Weight w [N, K] float32 and bf16 activation sets [M, K] (4 sets at decode sizes, 1 at prefill)."""
+    w = torch.randn(n, k, device=shapes.device) / k ** 0.5
+    return w, [torch.randn(m, k, device=shapes.device, dtype=torch.bfloat16) for _ in range(4 if m <= 128 else 1)]
+
+
 def run_gemm(timer, shapes, m):
     for n, k in shapes.gemms:
-        w = torch.randn(n, k, device=shapes.device) / k ** 0.5
-        xs = [torch.randn(m, k, device=shapes.device, dtype=torch.bfloat16) for _ in range(4 if m <= 128 else 1)]
+        w, xs = gemm_inputs(shapes, m, n, k)
         wb = w.to(torch.bfloat16)
         add_row(timer, "bf16 matmul", f"M={m} {n}x{k}", [lambda x=x: x @ wb.T for x in xs], n * k * 2,
                 2 * m * n * k, "-")
-        for name, quantize, scale_bytes in (("fp8 gemm 128", quantize_fp8_rows, 4 / 128),
-                                            ("fp8 gemm mxfp8", quantize_mxfp8, 1 / 32)):
+        for name, quantize, scale_bytes in GEMM_FORMATS:
             w_q, w_s = quantize(w)
             acts = [act_quant_triton(x) for x in xs]
             fns = [lambda a=a: fp8_gemm_triton(a[0], a[1], w_q, w_s, torch.bfloat16) for a in acts]
@@ -147,13 +160,20 @@ def run_gemm(timer, shapes, m):
             run_scaled_mm(timer, m, w, xs)
 
 
-def run_moe(timer, shapes, m, tables):
+def moe_inputs(shapes, m):
+    """bf16 activation sets [M, hid] (4 at decode sizes, 1 at prefill), their routes (topk_ids, topk_weights) from
+    the router with the shared expert appended, and the number of distinct experts of the first set."""
     dev, hid = shapes.device, shapes.hid
     gate = torch.randn(shapes.e, hid, device=dev) * 0.02
     xs = [torch.randn(m, hid, device=dev, dtype=torch.bfloat16) for _ in range(4 if m <= 128 else 1)]
     routes = [moe_router_triton(x, gate, torch.zeros(shapes.e, device=dev), shapes.k_routed, 2.0, shared_expert=True)
               for x in xs]
-    distinct = int(torch.unique(routes[0][0]).numel())
+    return xs, routes, int(torch.unique(routes[0][0]).numel())
+
+
+def run_moe(timer, shapes, m, tables):
+    hid = shapes.hid
+    xs, routes, distinct = moe_inputs(shapes, m)
     flops = 2 * m * (shapes.k_routed + 1) * 3 * shapes.i * hid
     for name, (launch, ref, args, bytes_per_weight) in tables.items():
         fns = [lambda x=x, r=r: launch(x, *args, r[0], r[1]) for x, r in zip(xs, routes)]

@@ -49,16 +49,25 @@ class GemmTileConfig:
     num_stages: int
 
 
-def select_gemm_config(num_tokens: int) -> GemmTileConfig:
+MAX_TOKENS = 1 << 62  # upper bound of the last (prefill) bucket of a tile table
+
+_GEMM_DEFAULT = ((16, GemmTileConfig(16, 64, 4, 4)), (64, GemmTileConfig(32, 64, 4, 4)),
+                 (256, GemmTileConfig(64, 128, 4, 3)), (MAX_TOKENS, GemmTileConfig(128, 128, 8, 3)))
+
+# Tile table per weight format: ((max tokens of the bucket, config), ...) in increasing bounds; the first bucket with
+# num_tokens <= bound wins. "fp8": 128-group fp32 scales (K step 128); "mxfp8": E8M0 32-group scales (K step 32).
+# benchmarks/gpu_fp8_tiles.py measures these on the H200 and prints replacement entries.
+GEMM_TILES: dict[str, tuple[tuple[int, GemmTileConfig], ...]] = {
+    "fp8": _GEMM_DEFAULT,
+    "mxfp8": _GEMM_DEFAULT,
+}
+
+
+def select_gemm_config(num_tokens: int, kernel: str = "fp8") -> GemmTileConfig:
     """Decode sizes (M <= 64) stream the weight with the smallest MMA M tile and narrow N tiles for more CTAs;
-    larger M reuses each weight tile over 64-128 rows. Untuned on the H200 (a first guess: measure)."""
-    if num_tokens <= 16:
-        return GemmTileConfig(16, 64, 4, 4)
-    if num_tokens <= 64:
-        return GemmTileConfig(32, 64, 4, 4)
-    if num_tokens <= 256:
-        return GemmTileConfig(64, 128, 4, 3)
-    return GemmTileConfig(128, 128, 8, 3)
+    larger M reuses each weight tile over 64-128 rows. `kernel` ("fp8" | "mxfp8") names the GEMM_TILES row.
+    Defaults untuned on the H200 (a first guess: benchmarks/gpu_fp8_tiles.py measures them)."""
+    return next(cfg for bound, cfg in GEMM_TILES[kernel] if num_tokens <= bound)
 
 
 @triton.jit
@@ -129,11 +138,12 @@ def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
     y = torch.empty((m, n), dtype=out_dtype, device=a_q.device)
     if m == 0:
         return y
-    cfg = config or select_gemm_config(m)
+    e8m0 = w_scale.dtype == torch.uint8
+    cfg = config or select_gemm_config(m, "mxfp8" if e8m0 else "fp8")
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
     _fp8_gemm_kernel[grid](a_q, a_scale, w_q, w_scale, y, m, n, k, num_kb, a_scale.shape[1], a_q.stride(0),
                            w_q.stride(0), y.stride(0), BM=cfg.block_m, BN=cfg.block_n, BK=w_group,
-                           E8M0=w_scale.dtype == torch.uint8, F32_DOT=interpreting(),
+                           E8M0=e8m0, F32_DOT=interpreting(),
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 

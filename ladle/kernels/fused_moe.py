@@ -50,12 +50,31 @@ class MoETileConfig:
     num_stages: int
 
 
-def select_config(num_tokens: int) -> MoETileConfig:
+MAX_TOKENS = 1 << 62  # upper bound of the last (prefill) bucket of a tile table
+
+_MOE_DECODE = MoETileConfig(16, 32, 64, 128, 4, 4)
+_MOE_PREFILL = MoETileConfig(128, 128, 256, 64, 8, 3)  # best of the H200 sweep at M=8192 (gpu_m3_suite, bf16)
+_MOE_DEFAULT = ((16, _MOE_DECODE), (64, _MOE_DECODE), (256, _MOE_DECODE), (MAX_TOKENS, _MOE_PREFILL))
+
+# Tile table per kernel family: ((max tokens of the bucket, config), ...) in increasing bounds; the first bucket
+# with num_tokens <= bound wins. Families: "bf16" (fused_moe.py), "fp8" / "mxfp8" (fused_moe_fp8.py, 128-group
+# fp32 / E8M0 32-group scales), "mxfp4" / "w4a8" (fused_moe_mxfp4.py, bf16 / FP8 activations). block_k is ignored
+# by the FP8 and MXFP4 kernels (their K step is the weight's scale group). benchmarks/gpu_fp8_tiles.py measures
+# these on the H200 and prints replacement entries.
+MOE_TILES: dict[str, tuple[tuple[int, MoETileConfig], ...]] = {
+    "bf16": _MOE_DEFAULT,
+    "fp8": _MOE_DEFAULT,
+    "mxfp8": _MOE_DEFAULT,
+    "mxfp4": _MOE_DEFAULT,
+    "w4a8": _MOE_DEFAULT,
+}
+
+
+def select_config(num_tokens: int, kernel: str = "bf16") -> MoETileConfig:
     """The local shape decides the tile (issue 6): decode sizes (<= 256 tokens) stream weights with the smallest
-    MMA M tile and narrow N tiles for enough CTAs; prefill sizes use larger M tiles for weight reuse."""
-    if num_tokens <= 256:
-        return MoETileConfig(16, 32, 64, 128, 4, 4)
-    return MoETileConfig(128, 128, 256, 64, 8, 3)  # best of the H200 sweep at M=8192 (gpu_m3_suite)
+    MMA M tile and narrow N tiles for enough CTAs; prefill sizes use larger M tiles for weight reuse. `kernel`
+    names the family's row of MOE_TILES."""
+    return next(cfg for bound, cfg in MOE_TILES[kernel] if num_tokens <= bound)
 
 
 @triton.jit
@@ -168,11 +187,11 @@ def _gemm2_kernel(
 
 
 def moe_launch_plan(topk_ids: torch.Tensor, num_experts: int, H: int, I: int,
-                    config: Optional[MoETileConfig] = None, block_k: Optional[int] = None):
-    """Shared host half of the fused MoE launchers: (tile config from the local shape, (BN1, BN2, BK1, BK2) clipped
-    to the problem, moe_align outputs (sorted_ids, expert_ids, num_tokens_post_padded)). block_k forces BK (FP8:
-    the 128 scale group)."""
-    cfg = config or select_config(topk_ids.shape[0])
+                    config: Optional[MoETileConfig] = None, block_k: Optional[int] = None, kernel: str = "bf16"):
+    """Shared host half of the fused MoE launchers: (tile config from the local shape and the kernel family's
+    MOE_TILES row, (BN1, BN2, BK1, BK2) clipped to the problem, moe_align outputs (sorted_ids, expert_ids,
+    num_tokens_post_padded)). block_k forces BK (FP8: the 128 scale group)."""
+    cfg = config or select_config(topk_ids.shape[0], kernel)
     bk = block_k or cfg.block_k
     tiles = (min(cfg.block_n1, triton.next_power_of_2(I)), min(cfg.block_n2, triton.next_power_of_2(H)),
              block_k or min(bk, triton.next_power_of_2(H)), block_k or min(bk, triton.next_power_of_2(I)))

@@ -10,7 +10,7 @@ with the routed weight, combine over the k slots; shared helpers `moe_launch_pla
             acc += dot(a_q, w_q) * a_scale[:, None] * w_scale[None, :];
   GEMM 2    the intermediate [P, I] is quantized the same way (op "fp8_act_quant"), then the same K loop.
 BLOCK_K is the weight group (128, or 32 for MXFP8); BLOCK_M / BLOCK_N come from the local shape (`select_config`:
-decode vs prefill tiles).
+decode vs prefill tiles, family "fp8" or "mxfp8").
 The reference `fused_moe_fp8_ref` dequantizes both operands at the same points (x and the intermediate quantized
 by `act_quant_ref`) and runs the per-expert math of `fused_moe_ref`, so it differs from the kernel only by
 summation order (and by the intermediate's rounding to x.dtype).
@@ -124,9 +124,10 @@ def fused_moe_fp8_triton(
     k = topk_ids.shape[1]
     if T == 0:
         return torch.empty_like(x)
-    g = weight_group(w13_scale)
-    cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config, g)
-    bm, P, f32, e8m0 = cfg.block_m, sorted_ids.numel(), interpreting(), w13_scale.dtype == torch.uint8
+    g, e8m0 = weight_group(w13_scale), w13_scale.dtype == torch.uint8
+    cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config, g,
+                                                                           "mxfp8" if e8m0 else "fp8")
+    bm, P, f32 = cfg.block_m, sorted_ids.numel(), interpreting()
     a_q, a_s = act_quant(x.contiguous(), use_triton=True)
     inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
     _fp8_gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](

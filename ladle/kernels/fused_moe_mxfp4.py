@@ -156,7 +156,8 @@ def fused_moe_mxfp4_triton(
     k = topk_ids.shape[1]
     if T == 0:
         return torch.empty_like(x)
-    cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config, MX_GROUP)
+    cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(
+        topk_ids, E, H, I, config, MX_GROUP, "w4a8" if fp8_activations else "mxfp4")
     bm, P = cfg.block_m, sorted_ids.numel()
     f32 = interpreting() or (x.dtype == torch.float32 and not fp8_activations)
     a, a_s = act_quant(x.contiguous(), use_triton=True) if fp8_activations else (x, x)

@@ -1,0 +1,86 @@
+"""Tile tables of the fused MoE (MOE_TILES, ladle/kernels/fused_moe.py) and the FP8 GEMM (GEMM_TILES,
+ladle/kernels/fp8_gemm.py): today's defaults per bucket, each launcher asks for its own kernel family's row, and an
+edited row (what benchmarks/gpu_fp8_tiles.py prints) is what the selection returns. Launches run under the Triton
+interpreter on tiny random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladle.kernels import fp8_gemm, fused_moe
+from ladle.kernels.fp8_gemm import GEMM_TILES, GemmTileConfig, fp8_gemm_triton, select_gemm_config
+from ladle.kernels.fp8_quant import act_quant_ref, quantize_fp8_rows, quantize_mxfp4, quantize_mxfp8
+from ladle.kernels.fused_moe import MAX_TOKENS, MOE_TILES, MoETileConfig, fused_moe_triton, select_config
+from ladle.kernels.fused_moe_fp8 import fused_moe_fp8_triton
+from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_triton
+
+SIZES = (1, 16, 17, 64, 65, 256, 257, 8192)
+
+
+def test_default_tables_keep_todays_rule():
+    for n in SIZES:
+        moe = MoETileConfig(16, 32, 64, 128, 4, 4) if n <= 256 else MoETileConfig(128, 128, 256, 64, 8, 3)
+        assert {select_config(n, fam) for fam in MOE_TILES} == {moe} and select_config(n) == moe
+        gemm = (GemmTileConfig(16, 64, 4, 4) if n <= 16 else GemmTileConfig(32, 64, 4, 4) if n <= 64
+                else GemmTileConfig(64, 128, 4, 3) if n <= 256 else GemmTileConfig(128, 128, 8, 3))
+        assert {select_gemm_config(n, fam) for fam in GEMM_TILES} == {gemm} and select_gemm_config(n) == gemm
+
+
+def test_an_edited_row_is_selected_for_its_family_only(monkeypatch):
+    small, big = MoETileConfig(32, 64, 64, 128, 4, 3), MoETileConfig(64, 64, 128, 64, 4, 4)
+    monkeypatch.setitem(MOE_TILES, "fp8", ((8, small), (MAX_TOKENS, big)))
+    assert select_config(8, "fp8") == small and select_config(9, "fp8") == big
+    assert select_config(8, "mxfp8") == select_config(8, "bf16") != small
+    g = GemmTileConfig(16, 16, 2, 5)
+    monkeypatch.setitem(GEMM_TILES, "mxfp8", ((fp8_gemm.MAX_TOKENS, g),))
+    assert select_gemm_config(3, "mxfp8") == g and select_gemm_config(3, "fp8") != g
+
+
+def _spy(monkeypatch, module, name):
+    """Record the kernel family each launch asks its select function for."""
+    asked, real = [], getattr(module, name)
+
+    def spy(num_tokens, kernel):
+        asked.append(kernel)
+        return real(num_tokens, kernel)
+
+    monkeypatch.setattr(module, name, spy)
+    return asked
+
+
+def _experts(quantize, E=3, H=64, I=32):
+    w13 = torch.randn(E, 2 * I, H) / H ** 0.5
+    w2 = torch.randn(E, H, I) / I ** 0.5
+    q13, s13 = (torch.stack(t) for t in zip(*[quantize(w) for w in w13]))
+    q2, s2 = (torch.stack(t) for t in zip(*[quantize(w) for w in w2]))
+    return q13, s13, q2, s2
+
+
+def test_each_launcher_asks_for_its_family(monkeypatch):
+    asked = _spy(monkeypatch, fused_moe, "select_config")
+    T, H, E = 3, 64, 3
+    x = torch.randn(T, H)
+    ids = torch.randint(0, E, (T, 2), dtype=torch.int32)
+    wts = torch.rand(T, 2)
+    out = fused_moe_triton(x, torch.randn(E, 64, H) / 8, torch.randn(E, H, 32) / 6, ids, wts)
+    assert torch.isfinite(out).all()
+    fused_moe_fp8_triton(x, *_experts(quantize_fp8_rows), ids, wts)
+    fused_moe_fp8_triton(x, *_experts(quantize_mxfp8), ids, wts)
+    fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, wts)
+    fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, wts, fp8_activations=True)
+    assert asked == ["bf16", "fp8", "mxfp8", "mxfp4", "w4a8"]
+
+    asked_gemm = _spy(monkeypatch, fp8_gemm, "select_gemm_config")
+    a_q, a_s = act_quant_ref(torch.randn(2, 64))
+    for quantize in (quantize_fp8_rows, quantize_mxfp8):
+        w_q, w_s = quantize(torch.randn(48, 64))
+        fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32)
+    assert asked_gemm == ["fp8", "mxfp8"]
+
+
+@pytest.mark.parametrize("family", sorted(MOE_TILES))
+def test_tables_are_ordered_and_cover_every_size(family):
+    bounds = [b for b, _ in MOE_TILES[family]]
+    assert bounds == sorted(bounds) and bounds[-1] == MAX_TOKENS
+    assert all(select_config(n, family) is not None for n in SIZES)
