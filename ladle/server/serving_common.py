@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import anyio
+import msgspec
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, Union
 
@@ -29,6 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from ladle.config import ServerConfig
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
+from ladle.engine.output_stream import merge_choice_outputs
 from ladle.server.errors import OpenAIError, error_body, to_openai_error
 from ladle.server.metrics import RequestTimer, ServerMetrics
 from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
@@ -56,6 +58,8 @@ class ServingContext:
         self.vocab_size = len(engine.tokenizer)
         self.metrics = metrics
         self.limits = limits or ServerConfig()
+        if refusals := stream_interval_refusals(self.limits.stream_interval):
+            raise ValueError(refusals[0])
         self.accepted_names = {self.model_name, *[n for n in extra_model_names if n]}
         self._token_strs: dict[int, str] = {}
         self.executor = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="ladle-prepare")
@@ -360,15 +364,76 @@ def stop_reason_or_none(value: object) -> Optional[Union[int, str]]:
     return value if isinstance(value, (int, str)) else None
 
 
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+json_encode = msgspec.json.encode  # UTF-8 JSON bytes, non-ASCII kept as is (json.dumps(ensure_ascii=False))
+SSE_DONE = b"data: [DONE]\n\n"
 
 
-SSE_DONE = "data: [DONE]\n\n"
+def sse(obj: Any) -> bytes:
+    """One SSE event (`data: <json>` + blank line) of a plain JSON value."""
+    return b"data: " + json_encode(obj) + b"\n\n"
 
 
-async def sse_body(ctx: ServingContext, runs: list[PromptRun], chunks: AsyncIterator[str],
-                   usage_chunk: Callable[[], Optional[str]]) -> AsyncIterator[str]:
+class SSEFrame:
+    """The events of one streamed response, without a pydantic model per chunk: the fields every chunk shares
+    (`id`, `object`, `created`, `model`) are encoded once; each chunk encodes only its choice (a plain dict with the
+    fields of protocol.CompletionStreamChoice / ChatCompletionStreamChoice) or its usage.
+
+    `object`: "text_completion" or "chat.completion.chunk". `created`: seconds since the epoch (one per response,
+    as OpenAI's and vLLM's chunks carry).
+    """
+
+    def __init__(self, response_id: str, object_name: str, model: str, created: Optional[int] = None):
+        head = json_encode({"id": response_id, "object": object_name,
+                            "created": int(time.time()) if created is None else created, "model": model})
+        self._open = b"data: " + head[:-1] + b',"choices":['
+
+    def choice(self, choice: dict) -> bytes:
+        """`data: {...,"choices":[<choice>]}` + blank line."""
+        return self._open + json_encode(choice) + b"]}\n\n"
+
+    def usage(self, usage: UsageInfo) -> bytes:
+        """The usage chunk: no choices, `usage` set."""
+        return self._open + b'],"usage":' + json_encode(usage.model_dump()) + b"}\n\n"
+
+
+class StreamPacer:
+    """`--stream-interval N`: which choice outputs become a chunk now; the others are held and merged into the next.
+
+    vLLM's rule (RequestState.make_request_output in vllm/v1/engine/output_processor.py): a choice's output is sent
+    when it finishes, when nothing of the choice was sent yet (the first token goes at once: TTFT is unchanged), or
+    when at least N tokens arrived since the last send. With N tokens per output that is every output; with one
+    token per step and T tokens, 1 + ceil((T - 1) / N) chunks. N = 1 passes every output through.
+    """
+
+    def __init__(self, interval: int):
+        self.interval = interval
+        self._held: dict[Any, CompletionOutput] = {}
+        self._sent: set = set()
+
+    def take(self, key: Any, c: CompletionOutput) -> Optional[CompletionOutput]:
+        """Choice `key`'s new output -> what to send now (merged with what was held), or None (held)."""
+        if self.interval == 1:
+            return c
+        held = self._held.pop(key, None)
+        if held is not None:
+            c = merge_choice_outputs(held, c)
+        if c.finish_reason is not None or key not in self._sent or len(c.token_ids_delta) >= self.interval:
+            self._sent.add(key)
+            return c
+        self._held[key] = c
+        return None
+
+
+def stream_interval_refusals(stream_interval: Any) -> list[str]:
+    """`--stream-interval` below 1 (or not an int): the refusal line; [] when usable."""
+    if isinstance(stream_interval, int) and not isinstance(stream_interval, bool) and stream_interval >= 1:
+        return []
+    return [f"--stream-interval {stream_interval}: tokens per streamed chunk must be an integer >= 1 (1 sends "
+            f"every token as it comes, vLLM's default)"]
+
+
+async def sse_body(ctx: ServingContext, runs: list[PromptRun], chunks: AsyncIterator[bytes],
+                   usage_chunk: Callable[[], Optional[bytes]]) -> AsyncIterator[bytes]:
     """The SSE stream around an endpoint's `chunks`: those, then `usage_chunk()` (None: no usage chunk) and
     [DONE]. An error after the 200 went out becomes an error event and [DONE]; the runs are closed in every case
     (end, error, client gone)."""
@@ -384,17 +449,6 @@ async def sse_body(ctx: ServingContext, runs: list[PromptRun], chunks: AsyncIter
         yield SSE_DONE
     finally:
         await close_runs(ctx, runs)
-
-
-def chunk_dict(chunk: Any) -> dict:
-    """A stream chunk as a dict: `usage` only when set; chat deltas without their None fields."""
-    d = chunk.model_dump()
-    if d.get("usage") is None:
-        d.pop("usage", None)
-    for ch in d.get("choices", []):
-        if isinstance(ch.get("delta"), dict):
-            ch["delta"] = {k: v for k, v in ch["delta"].items() if v is not None}
-    return d
 
 
 def include_usage(req: Any) -> bool:
