@@ -201,6 +201,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     rows = []
+    for endpoint in args.endpoints:  # warm-up: first-call imports and caches stay out of the first point
+        asyncio.run(_run_point(tokenizer, args.model, endpoint, 2, 8, args.logprobs, args.stream_interval))
     for endpoint in args.endpoints:
         for batch in args.batch_sizes:
             best = None
