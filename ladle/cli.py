@@ -83,7 +83,7 @@ def _server_refusals(server_config: ServerConfig) -> list[str]:
     """The serving flags' refusals (unknown parser names, --stream-interval below 1), checked before anything
     loads."""
     refusals = _lazy("ladle.server.parsers", "parser_flag_refusals", "the chat output parsers")
-    interval = _lazy("ladle.server.serving_common", "stream_interval_refusals", "the streaming path")
+    interval = _lazy("ladle.server.stream_chunks", "stream_interval_refusals", "the streaming path")
     return refusals(server_config.tool_call_parser, server_config.reasoning_parser,
                     server_config.enable_auto_tool_choice) + interval(server_config.stream_interval)
 

@@ -239,7 +239,7 @@ def test_expert_parallel_short_alias_turns_it_on(argv, expected):
 
 
 def test_stream_interval_is_accepted_and_below_1_refused():
-    from ladle.server.serving_common import stream_interval_refusals
+    from ladle.server.stream_chunks import stream_interval_refusals
 
     refusals, args = collect_refusals(serve_parser(), ["/m", "--stream-interval", "4"])
     assert refusals == [] and configs_from_args(args)[1].stream_interval == 4  # a vLLM flag ladle implements

@@ -25,10 +25,10 @@ from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
 from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
                                    ChatCompletionResponseChoice, ChatLogprobToken, ChatResponseMessage, random_id)
-from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, SSEFrame,
-                                         StreamPacer, clamp_logprob, collect_runs, include_usage,
-                                         make_sampling_params, make_usage, merge_runs, prepare, resolve_max_tokens,
-                                         sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingContext, clamp_logprob, collect_runs,
+                                         include_usage, make_sampling_params, make_usage, merge_runs, prepare,
+                                         resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
 from ladle.server.validation import check_int_range, check_sampling_fields, check_template_kwargs
 
 logger = logging.getLogger("ladle.server")
@@ -113,8 +113,8 @@ def _delta(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None and k in _DELTA_FIELDS}
 
 
-def _stream_choice(index: int, delta: dict[str, Any], logprobs: Optional[dict] = None, finish_reason: Optional[str] = None,
-                   stop_reason: Optional[object] = None) -> dict[str, Any]:
+def _stream_choice(index: int, delta: dict[str, Any], logprobs: Optional[dict] = None,
+                   finish_reason: Optional[str] = None, stop_reason: Optional[object] = None) -> dict[str, Any]:
     """protocol.ChatCompletionStreamChoice's fields as a plain dict."""
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
             "stop_reason": stop_reason}

@@ -17,10 +17,10 @@ from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
 from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, CompletionResponse,
                                    CompletionResponseChoice, random_id)
-from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, SSEFrame,
-                                         StreamPacer, clamp_logprob, collect_runs, include_usage,
-                                         make_sampling_params, make_usage, merge_runs, prepare, resolve_max_tokens,
-                                         sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingContext, clamp_logprob, collect_runs,
+                                         include_usage, make_sampling_params, make_usage, merge_runs, prepare,
+                                         resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
 from ladle.server.validation import check_int_range, check_sampling_fields
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions

@@ -42,8 +42,8 @@ class _Sink:
 
 
 def _engine() -> CoreProcessEngine:
-    ready = msg.Ready(model_name="m", tokenizer=pickle.dumps(DetokTokenizer()), engine_config=pickle.dumps(EngineConfig()),
-                      max_model_len=256)
+    ready = msg.Ready(model_name="m", tokenizer=pickle.dumps(DetokTokenizer()),
+                      engine_config=pickle.dumps(EngineConfig()), max_model_len=256)
     return CoreProcessEngine(_Alive(), None, _Sink(), None, "", ready)
 
 
@@ -85,12 +85,14 @@ def test_lagging_consumer_reads_one_merged_output():
 
 
 def test_stream_merges_keeps_inputs_and_raises_after_outputs():
-    a = RequestOutput("r", [1], [CompletionOutput(0, text_delta="a", token_ids_delta=[1]),
-                                 CompletionOutput(1, text_delta="x", token_ids_delta=[9], logprobs_delta=[[(9, -1.0, 1)]])],
-                      queue_time=0.5, prompt_logprobs=[None])
-    b = RequestOutput("r", [1], [CompletionOutput(1, text_delta="y", token_ids_delta=[8], logprobs_delta=[[(8, -2.0, 1)]],
-                                                  finish_reason="stop", stop_reason=8, text="xy", token_ids=[9, 8]),
-                                 CompletionOutput(2, text_delta="q", token_ids_delta=[5])], finished=False)
+    a = RequestOutput("r", [1], [
+        CompletionOutput(0, text_delta="a", token_ids_delta=[1]),
+        CompletionOutput(1, text_delta="x", token_ids_delta=[9], logprobs_delta=[[(9, -1.0, 1)]])],
+        queue_time=0.5, prompt_logprobs=[None])
+    b = RequestOutput("r", [1], [
+        CompletionOutput(1, text_delta="y", token_ids_delta=[8], logprobs_delta=[[(8, -2.0, 1)]], finish_reason="stop",
+                         stop_reason=8, text="xy", token_ids=[9, 8]),
+        CompletionOutput(2, text_delta="q", token_ids_delta=[5])], finished=False)
     m = merge_request_outputs(a, b)
     assert [(c.index, c.text_delta, c.token_ids_delta) for c in m.outputs] == [(0, "a", [1]), (1, "xy", [9, 8]),
                                                                                (2, "q", [5])]

@@ -12,8 +12,9 @@ import golden_streams
 from fake_engine import FakeEngineClient
 from golden_streams import CASES, collect, load_golden
 from ladle.config import ServerConfig
-from ladle.server.serving_common import ServingContext, StreamPacer
 from ladle.engine.client import CompletionOutput
+from ladle.server.serving_common import ServingContext
+from ladle.server.stream_chunks import StreamPacer
 
 SCRIPT = "Ladle streams tokens!"  # ASCII: one token per character, every output has text
 
