@@ -196,7 +196,7 @@ class ChatHandler:
         yield SSE_DONE
 
     # ------------------------------------------------------------------------------------ streaming
-    async def _stream(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs) -> AsyncIterator[bytes]:
+    def _stream(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs) -> AsyncIterator[bytes]:
         """Per choice a role chunk, then one chunk per delta body of each output (or per --stream-interval tokens):
         plain dicts, encoded once."""
         ctx = self.ctx
@@ -232,5 +232,4 @@ class ChatHandler:
                             c.index, _delta(body), logprobs if k == 0 else None, finish if k == last else None,
                             stop_reason_or_none(c.stop_reason) if k == last else None))
 
-        async for chunk in sse_body(ctx, [run], chunks(), usage_chunk):
-            yield chunk
+        return sse_body(ctx, [run], chunks(), usage_chunk)  # no pass-through generator: one frame less per chunk

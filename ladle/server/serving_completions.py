@@ -155,7 +155,7 @@ class CompletionHandler:
         yield SSE_DONE
 
     # ------------------------------------------------------------------------------------ streaming
-    async def _stream(self, req: CompletionRequest, runs: list[PromptRun]) -> AsyncIterator[bytes]:
+    def _stream(self, req: CompletionRequest, runs: list[PromptRun]) -> AsyncIterator[bytes]:
         """One chunk per choice output (or per --stream-interval tokens): a plain dict, encoded once."""
         ctx = self.ctx
         frame = SSEFrame(random_id("cmpl"), "text_completion", ctx.model_name)
@@ -192,5 +192,4 @@ class CompletionHandler:
                                         "finish_reason": c.finish_reason,
                                         "stop_reason": stop_reason_or_none(c.stop_reason)})
 
-        async for chunk in sse_body(ctx, runs, chunks(), usage_chunk):
-            yield chunk
+        return sse_body(ctx, runs, chunks(), usage_chunk)  # no pass-through generator: one frame less per chunk
