@@ -135,11 +135,10 @@ class CoreProcessEngine(EngineClient):
                 finished = True
                 raise
             while True:
-                try:
-                    item = await stream.get()  # all outputs since the last read, merged into one
-                except BaseException:
+                item = await stream.get()  # all outputs since the last read, merged into one
+                if isinstance(item, BaseException):
                     finished = True
-                    raise
+                    raise item
                 finished = item.finished
                 yield item
                 if finished:

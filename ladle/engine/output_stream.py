@@ -50,7 +50,8 @@ def merge_request_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
 
 class RequestOutputStream:
     """Single consumer, loop-thread only. `put` never blocks and never switches tasks; `get` returns everything put
-    since the last `get` as one RequestOutput, then raises the exception put after it (if any)."""
+    since the last `get` as one RequestOutput, then the exception put after it (if any), as asyncio.Queue's items
+    were: returned, not raised, so the caller tells it from its own cancellation."""
 
     __slots__ = ("_pending", "_error", "_waiter")
 
@@ -74,7 +75,7 @@ class RequestOutputStream:
     def empty(self) -> bool:
         return self._pending is None and self._error is None
 
-    async def get(self) -> RequestOutput:
+    async def get(self) -> Union[RequestOutput, BaseException]:
         while self._pending is None and self._error is None:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -84,4 +85,4 @@ class RequestOutputStream:
         if self._pending is not None:
             out, self._pending = self._pending, None
             return out
-        raise self._error  # type: ignore[misc]
+        return self._error  # type: ignore[return-value]

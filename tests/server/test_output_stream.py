@@ -16,6 +16,7 @@ from ladle.core.sampling_params import SamplingParams
 from ladle.engine import core_messages as msg
 from ladle.engine.client import CompletionOutput, EngineError, RequestOutput
 from ladle.engine.core_client import CoreProcessEngine
+from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.output_stream import RequestOutputStream, merge_request_outputs
 
 
@@ -42,9 +43,12 @@ class _Sink:
 
 
 def _engine() -> CoreProcessEngine:
-    ready = msg.Ready(model_name="m", tokenizer=pickle.dumps(DetokTokenizer()),
-                      engine_config=pickle.dumps(EngineConfig()), max_model_len=256)
-    return CoreProcessEngine(_Alive(), None, _Sink(), None, "", ready)
+    ready = msg.Ready(model_name="m", tokenizer=pickle.dumps(None), engine_config=pickle.dumps(EngineConfig()),
+                      max_model_len=256)
+    engine = CoreProcessEngine(_Alive(), None, _Sink(), None, "", ready)
+    engine.tokenizer = DetokTokenizer()  # set here, not pickled: the test module need not be importable by name
+    engine._processor = OutputProcessor(engine.tokenizer)
+    return engine
 
 
 def _step(request_id, token_ids, finish=None):
@@ -109,9 +113,31 @@ def test_stream_merges_keeps_inputs_and_raises_after_outputs():
         stream.put(b)
         stream.put(EngineError("core died"))
         got_b = await stream.get()
-        with pytest.raises(EngineError, match="core died"):
-            await stream.get()
-        return got_a, got_b
+        error = await stream.get()  # returned, not raised: the caller tells it from its own cancellation
+        return got_a, got_b, error
 
-    got_a, got_b = asyncio.run(scenario())
-    assert got_a is a and got_b is b
+    got_a, got_b, error = asyncio.run(scenario())
+    assert got_a is a and got_b is b and isinstance(error, EngineError) and str(error) == "core died"
+
+
+def test_a_consumer_cancelled_while_waiting_aborts_its_request():
+    """Cancelling the consumer (client gone) while it waits for outputs sends the abort that frees the blocks."""
+
+    async def scenario():
+        engine = _engine()
+        engine._reader = asyncio.get_running_loop().create_future()
+        agen = engine.generate([72, 105], SamplingParams(max_tokens=8), request_id="r")
+        first = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        engine._handle(msg.AddAck("r"))
+        engine._handle(_step("r", [72]))
+        await first
+        waiting = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return engine._to_core.messages
+
+    sent = asyncio.run(scenario())
+    assert isinstance(sent[-1], msg.AbortRequests) and sent[-1].child_ids == ["r"]
