@@ -161,6 +161,9 @@ class ServerConfig:
     enable_auto_tool_choice: bool = _f(
         False, "--enable-auto-tool-choice", "let the model decide when to call tools (`tool_choice: auto`, the "
         "default when a request has `tools`); needs --tool-call-parser")
+    stream_interval: int = _f(1, "--stream-interval",
+                              "tokens per streamed chunk (SSE event) of each choice: a choice's first token and its "
+                              "last chunk go at once, the others once this many tokens arrived (vLLM's flag)")
     disable_log_stats: bool = _f(False, "--disable-log-stats",
                                  "do not log the periodic stats line (throughput, queue, KV usage) while serving")
     log_stats_interval: float = 10.0  # seconds between stats lines (vLLM's VLLM_LOG_STATS_INTERVAL default)

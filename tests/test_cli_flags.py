@@ -236,3 +236,18 @@ def test_expert_parallel_short_alias_turns_it_on(argv, expected):
     """vLLM's `-ep` is an "on" alias (it once landed among the "off" spellings and turned expert parallel off)."""
     engine, _ = configs_from_args(parse_serve_args(serve_parser(), ["m", *argv]))
     assert engine.parallel.enable_expert_parallel is expected
+
+
+def test_stream_interval_is_accepted_and_below_1_refused():
+    from ladle.server.stream_chunks import stream_interval_refusals
+
+    refusals, args = collect_refusals(serve_parser(), ["/m", "--stream-interval", "4"])
+    assert refusals == [] and configs_from_args(args)[1].stream_interval == 4  # a vLLM flag ladle implements
+    assert configs_from_args(collect_refusals(serve_parser(), ["/m"])[1])[1].stream_interval == 1
+    assert stream_interval_refusals(1) == [] and stream_interval_refusals(16) == []
+    assert stream_interval_refusals(0) == [
+        "--stream-interval 0: tokens per streamed chunk must be an integer >= 1 (1 sends every token as it comes, "
+        "vLLM's default)"]
+    r = _ladle("serve", "/nonexistent/model", "--stream-interval", "0", "--port", "1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("error:") == 1
+    assert "--stream-interval 0: tokens per streamed chunk must be an integer >= 1" in r.stderr

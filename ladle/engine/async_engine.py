@@ -4,7 +4,7 @@
     generate() --("add", requests, ack)--> queue --> add_requests, ack via call_soon_threadsafe
     abort()/cancel --("abort", ids)------> queue --> finish_requests("abort") at the step boundary
                                                       step() -> OutputProcessor (detokenize, stop strings)
-    per-request asyncio.Queue <-- call_soon_threadsafe -- RequestOutputs
+    per-request RequestOutputStream <-- call_soon_threadsafe -- RequestOutputs
 
 If the engine thread dies, `is_healthy()` turns False and every open stream ends with EngineError; new
 requests are refused with EngineError.
@@ -28,23 +28,24 @@ from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import EngineClient, EngineError, EngineStats, RequestOutput
 from ladle.engine.engine_factory import EngineBundle, build_engine
 from ladle.engine.output_processor import OutputProcessor
+from ladle.engine.output_stream import RequestOutputStream
 
 logger = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.05
 
 
 class _Stream:
-    """The loop-side end of one request: outputs (or an exception) are put on `queue` from the engine
-    thread through `loop.call_soon_threadsafe` (`_put_all`)."""
+    """The loop-side end of one request: outputs (or an exception) are put on `queue` (a RequestOutputStream) from
+    the engine thread through `loop.call_soon_threadsafe` (`_put_all`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue = RequestOutputStream()  # a lagging consumer reads what piled up as one merged output
 
 
 def _deliver(pairs: list[tuple[_Stream, Any]]) -> None:
     for stream, item in pairs:
-        stream.queue.put_nowait(item)
+        stream.queue.put(item)
 
 
 def _put_all(pairs: list[tuple[_Stream, Any]]) -> None:

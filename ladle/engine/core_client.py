@@ -6,7 +6,7 @@
     abort / disconnect: AbortRequests ------------------------> abort_requests (blocks freed at once)
     reader task: StepOutputs -> OutputProcessor (detokenize,   <---- per-step EngineOutputs + stats
                  stop strings) -> FinishProcessed -----------> finish_processed (stop-string hits)
-                 -> per-request asyncio.Queue
+                 -> per-request RequestOutputStream (output_stream.py)
 
 The event loop only awaits sockets: sends are non-blocking (unbounded send queue), the reader awaits the output
 socket. The process dying (or saying CoreDead) turns `is_healthy()` False at once and ends every open stream
@@ -35,6 +35,7 @@ from ladle.core.sampling_params import SamplingParams
 from ladle.engine import core_messages as msg
 from ladle.engine.client import EngineClient, EngineError, EngineStats, RequestOutput
 from ladle.engine.output_processor import OutputProcessor
+from ladle.engine.output_stream import RequestOutputStream
 
 logger = logging.getLogger(__name__)
 _DEATH_POLL_S = 0.25
@@ -54,7 +55,7 @@ class CoreProcessEngine(EngineClient):
         self.max_model_len = int(ready.max_model_len)
         self.model_name = ready.model_name
         self._processor = OutputProcessor(self.tokenizer)
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, RequestOutputStream] = {}
         self._acks: dict[str, asyncio.Future] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
@@ -121,8 +122,8 @@ class CoreProcessEngine(EngineClient):
             raise RequestRejected(f"request id {parent_id!r} is already in use")
         prompt = list(prompt_token_ids)
         child_ids = self._processor.add_request(parent_id, prompt, sampling_params)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[parent_id] = queue
+        stream = RequestOutputStream()
+        self._streams[parent_id] = stream
         ack = self._acks[parent_id] = asyncio.get_running_loop().create_future()
         finished = False
         try:
@@ -134,7 +135,7 @@ class CoreProcessEngine(EngineClient):
                 finished = True
                 raise
             while True:
-                item = await queue.get()
+                item = await stream.get()  # all outputs since the last read, merged into one
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -285,10 +286,12 @@ class CoreProcessEngine(EngineClient):
         return {**core_phases, "process_outputs": self._process_s}
 
     def _deliver(self, request_outputs: list) -> None:
+        """One put per request of this step's batch (no task switch here; each consumer wakes once per step)."""
+        streams = self._streams
         for ro in request_outputs:
-            queue = self._streams.get(ro.request_id)
-            if queue is not None:
-                queue.put_nowait(ro)
+            stream = streams.get(ro.request_id)
+            if stream is not None:
+                stream.put(ro)
 
     def _die(self, message: str) -> None:
         if self._dead is not None:
@@ -298,8 +301,8 @@ class CoreProcessEngine(EngineClient):
         if self._proc.is_alive():  # this side gave up on it (the reader failed): let it stop too
             self._send(msg.Stop())
         error = EngineError(f"the engine loop died: {message}")
-        for queue in self._streams.values():
-            queue.put_nowait(error)
+        for stream in self._streams.values():
+            stream.put(error)
         self._fail_waiters(error)
 
     def _fail_waiters(self, error: BaseException) -> None:

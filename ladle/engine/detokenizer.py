@@ -46,12 +46,14 @@ class IncrementalDetokenizer:
 
     Args: tokenizer (transformers), prompt_token_ids, stop (strings), include_stop_str_in_output,
     skip_special_tokens, min_tokens (as in vLLM, stop strings are not matched in text produced before the
-    request has `min_tokens` output tokens).
+    request has `min_tokens` output tokens), single_token_texts (optional, shared by the sequences of one tokenizer
+    and one skip_special_tokens value: token id -> the decode of that token alone; in steady decoding the
+    already-emitted window is one token, so one of the two decodes per step becomes a lookup).
     """
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], stop: Sequence[str] = (),
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
-                 min_tokens: int = 0) -> None:
+                 min_tokens: int = 0, single_token_texts: Optional[dict[int, str]] = None) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.min_tokens = min_tokens
@@ -66,6 +68,7 @@ class IncrementalDetokenizer:
         self._emitted = 0  # chars of _text already released
         self.stop_reason: Optional[str] = None  # the stop string that matched, once one did
         self._fast_decode = fast_decoder(tokenizer, skip_special_tokens)
+        self._single = single_token_texts
 
     @property
     def output_text(self) -> str:
@@ -80,7 +83,13 @@ class IncrementalDetokenizer:
 
     def _decode_new(self, flush: bool) -> str:
         """New complete text from tokens since the last call (all pending text when flush)."""
-        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        window = self._ids[self._prefix_offset:self._read_offset]
+        if len(window) == 1 and self._single is not None:  # decode is a pure function of the ids: cache it
+            prefix = self._single.get(window[0])
+            if prefix is None:
+                prefix = self._single[window[0]] = self._decode(window)
+        else:
+            prefix = self._decode(window)
         full = self._decode(self._ids[self._prefix_offset:])
         if len(full) <= len(prefix) and not flush:
             return ""

@@ -77,6 +77,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
+        self._single_token_texts: dict[bool, dict[int, str]] = {True: {}, False: {}}  # by skip_special_tokens
 
     def add_request(self, parent_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[str]:
         """Register a client request; returns its child ids (one per choice)."""
@@ -86,7 +87,8 @@ class OutputProcessor:
             if self.tokenizer is not None:
                 detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
                                                params.include_stop_str_in_output, params.skip_special_tokens,
-                                               params.min_tokens)
+                                               params.min_tokens,
+                                               self._single_token_texts[bool(params.skip_special_tokens)])
             choices.append(_Choice(i, detok, params.logprobs is not None))
             child = child_request_id(parent_id, i, params.n)
             child_ids.append(child)

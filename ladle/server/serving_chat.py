@@ -11,7 +11,7 @@ deltas carry `reasoning_content` and OpenAI-shaped `tool_calls` too, and the mes
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 import jinja2
 
@@ -24,13 +24,11 @@ from ladle.server.chat_output import ChatOutputs
 from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
 from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
-                                   ChatCompletionResponseChoice, ChatCompletionStreamChoice,
-                                   ChatCompletionStreamResponse, ChatLogprobToken, ChatResponseMessage, DeltaMessage,
-                                   TopLogprob, random_id)
-from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob, collect_runs, include_usage,
-                                         make_sampling_params, make_usage, merge_runs, prepare, resolve_max_tokens,
-                                         sse, sse_body, stop_reason_or_none, stream_runs)
+                                   ChatCompletionResponseChoice, ChatLogprobToken, ChatResponseMessage, random_id)
+from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingContext, clamp_logprob, collect_runs,
+                                         include_usage, make_sampling_params, make_usage, merge_runs, prepare,
+                                         resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
 from ladle.server.validation import check_int_range, check_sampling_fields, check_template_kwargs
 
 logger = logging.getLogger("ladle.server")
@@ -90,18 +88,36 @@ def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
 
 
 def _chat_logprobs(ctx: ServingContext, token_ids: list[int], entries: Optional[list[TokenLogprobs]],
-                   k: int) -> list[ChatLogprobToken]:
+                   k: int) -> list[dict[str, Any]]:
+    """OpenAI chat logprobs of `token_ids` as plain dicts (protocol.ChatLogprobToken's fields)."""
     out = []
     for i, tid in enumerate(token_ids):
         entry = entries[i] if entries is not None and i < len(entries) else None
         s = ctx.token_str(tid)
         if not entry:
-            out.append(ChatLogprobToken(token=s, logprob=-9999.0, bytes=list(s.encode())))
+            out.append({"token": s, "logprob": -9999.0, "bytes": list(s.encode()), "top_logprobs": []})
             continue
-        tops = [TopLogprob(token=ctx.token_str(a), logprob=clamp_logprob(lp), bytes=list(ctx.token_str(a).encode()))
-                for a, lp, _rank in entry[1:1 + k]]
-        out.append(ChatLogprobToken(token=s, logprob=clamp_logprob(entry[0][1]), bytes=list(s.encode()), top_logprobs=tops))
+        tops = []
+        for a, lp, _rank in entry[1:1 + k]:
+            alt = ctx.token_str(a)
+            tops.append({"token": alt, "logprob": clamp_logprob(lp), "bytes": list(alt.encode())})
+        out.append({"token": s, "logprob": clamp_logprob(entry[0][1]), "bytes": list(s.encode()), "top_logprobs": tops})
     return out
+
+
+_DELTA_FIELDS = ("role", "content", "reasoning_content", "tool_calls")  # protocol.DeltaMessage's
+
+
+def _delta(body: dict[str, Any]) -> dict[str, Any]:
+    """A parser's delta body as the chunk's `delta`: DeltaMessage's fields, those that are set."""
+    return {k: v for k, v in body.items() if v is not None and k in _DELTA_FIELDS}
+
+
+def _stream_choice(index: int, delta: dict[str, Any], logprobs: Optional[dict] = None,
+                   finish_reason: Optional[str] = None, stop_reason: Optional[object] = None) -> dict[str, Any]:
+    """protocol.ChatCompletionStreamChoice's fields as a plain dict."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
 class ChatHandler:
@@ -159,8 +175,8 @@ class ChatHandler:
                                                             logprobs=logprobs, finish_reason="length"))
                 continue
             if req.logprobs:
-                logprobs = ChatChoiceLogprobs(content=_chat_logprobs(self.ctx, c.token_ids, c.logprobs,
-                                                                     req.top_logprobs or 0))
+                logprobs = ChatChoiceLogprobs(content=[ChatLogprobToken(**t) for t in _chat_logprobs(
+                    self.ctx, c.token_ids, c.logprobs, req.top_logprobs or 0)])
             choices.append(ChatCompletionResponseChoice(
                 index=i, message=ChatResponseMessage(**outputs.message(i, c.text)), logprobs=logprobs,
                 finish_reason=outputs.finish_reason(i, c.finish_reason),
@@ -169,53 +185,51 @@ class ChatHandler:
         return ChatCompletionResponse(id=random_id("chatcmpl"), model=self.ctx.model_name, choices=choices,
                                       usage=usage)
 
-    async def _replay(self, req: ChatCompletionRequest, response: ChatCompletionResponse) -> AsyncIterator[str]:
+    async def _replay(self, req: ChatCompletionRequest, response: ChatCompletionResponse) -> AsyncIterator[bytes]:
+        frame = SSEFrame(response.id, "chat.completion.chunk", response.model, response.created)
         for ch in response.choices:
-            for delta, finish in ((DeltaMessage(role="assistant", content=""), None),
-                                  (DeltaMessage(content=ch.message.content or ""), ch.finish_reason)):
-                chunk = ChatCompletionStreamResponse(id=response.id, model=response.model, choices=[
-                    ChatCompletionStreamChoice(index=ch.index, delta=delta, finish_reason=finish)])
-                yield sse(chunk_dict(chunk))
+            yield frame.choice(_stream_choice(ch.index, {"role": "assistant", "content": ""}))
+            yield frame.choice(_stream_choice(ch.index, {"content": ch.message.content or ""},
+                                              finish_reason=ch.finish_reason))
         if include_usage(req):
-            yield sse(chunk_dict(ChatCompletionStreamResponse(id=response.id, model=response.model, choices=[],
-                                                              usage=response.usage)))
+            yield frame.usage(response.usage)
         yield SSE_DONE
 
     # ------------------------------------------------------------------------------------ streaming
-    async def _stream(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs) -> AsyncIterator[str]:
-        ctx, rid = self.ctx, random_id("chatcmpl")
+    def _stream(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs) -> AsyncIterator[bytes]:
+        """Per choice a role chunk, then one chunk per delta body of each output (or per --stream-interval tokens):
+        plain dicts, encoded once."""
+        ctx = self.ctx
+        frame = SSEFrame(random_id("chatcmpl"), "chat.completion.chunk", ctx.model_name)
+        pacer = StreamPacer(ctx.limits.stream_interval)
+        top = req.top_logprobs or 0
 
-        def chunk(choice: ChatCompletionStreamChoice) -> str:
-            return sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[choice])))
+        def usage_chunk() -> Optional[bytes]:
+            return frame.usage(make_usage([run])) if include_usage(req) else None
 
-        def usage_chunk() -> Optional[str]:
-            if not include_usage(req):
-                return None
-            return sse(chunk_dict(ChatCompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
-                                                               usage=make_usage([run]))))
-
-        async def chunks() -> AsyncIterator[str]:
+        async def chunks() -> AsyncIterator[bytes]:
             for i in range(req.n):
-                yield chunk(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+                yield frame.choice(_stream_choice(i, {"role": "assistant", "content": ""}))
             async for _run, out in merge_runs([run]):
                 for c in out.outputs:
+                    c = pacer.take(c.index, c)
+                    if c is None:
+                        continue
                     logprobs = None
                     if req.logprobs:
-                        logprobs = ChatChoiceLogprobs(content=_chat_logprobs(ctx, c.token_ids_delta, c.logprobs_delta,
-                                                                             req.top_logprobs or 0))
+                        logprobs = {"content": _chat_logprobs(ctx, c.token_ids_delta, c.logprobs_delta, top),
+                                    "refusal": None}
                     bodies = outputs.feed(c.index, c.text_delta, final=c.finish_reason is not None)
                     bodies = [b for b in bodies if b.get("content") != ""] or [{}]
-                    if bodies == [{}] and not c.finish_reason and not (logprobs and logprobs.content):
+                    if bodies == [{}] and not c.finish_reason and not (logprobs and logprobs["content"]):
                         continue
                     if not outputs.active and bodies == [{}]:
                         bodies = [{"content": ""}]  # without parsers every chunk carries `content`, as before
                     finish = outputs.finish_reason(c.index, c.finish_reason)
+                    last = len(bodies) - 1
                     for k, body in enumerate(bodies):
-                        last = k == len(bodies) - 1
-                        yield chunk(ChatCompletionStreamChoice(
-                            index=c.index, delta=DeltaMessage(**body), logprobs=logprobs if k == 0 else None,
-                            finish_reason=finish if last else None,
-                            stop_reason=stop_reason_or_none(c.stop_reason) if last else None))
+                        yield frame.choice(_stream_choice(
+                            c.index, _delta(body), logprobs if k == 0 else None, finish if k == last else None,
+                            stop_reason_or_none(c.stop_reason) if k == last else None))
 
-        async for text in sse_body(ctx, [run], chunks(), usage_chunk):
-            yield text
+        return sse_body(ctx, [run], chunks(), usage_chunk)  # no pass-through generator: one frame less per chunk

@@ -1,5 +1,5 @@
 """What both endpoints share: model check, length check, SamplingParams, running requests against the engine
-with disconnect handling, usage, and the SSE framing.
+with disconnect handling, usage, and the SSE body around a stream's chunks (the chunks' bytes: stream_chunks.py).
 
 Request lifetime (one `PromptRun` per prompt; the engine handles `n` inside one request):
     runs = [PromptRun(...)]             internal ids `cmpl-<uuid>`, never the client's X-Request-Id
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,6 +31,7 @@ from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
 from ladle.server.errors import OpenAIError, error_body, to_openai_error
 from ladle.server.metrics import RequestTimer, ServerMetrics
 from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
+from ladle.server.stream_chunks import SSE_DONE, sse, stream_interval_refusals
 from ladle.server.validation import check_token_ids
 
 T = TypeVar("T")
@@ -56,6 +56,8 @@ class ServingContext:
         self.vocab_size = len(engine.tokenizer)
         self.metrics = metrics
         self.limits = limits or ServerConfig()
+        if refusals := stream_interval_refusals(self.limits.stream_interval):
+            raise ValueError(refusals[0])
         self.accepted_names = {self.model_name, *[n for n in extra_model_names if n]}
         self._token_strs: dict[int, str] = {}
         self.executor = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="ladle-prepare")
@@ -360,15 +362,8 @@ def stop_reason_or_none(value: object) -> Optional[Union[int, str]]:
     return value if isinstance(value, (int, str)) else None
 
 
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-async def sse_body(ctx: ServingContext, runs: list[PromptRun], chunks: AsyncIterator[str],
-                   usage_chunk: Callable[[], Optional[str]]) -> AsyncIterator[str]:
+async def sse_body(ctx: ServingContext, runs: list[PromptRun], chunks: AsyncIterator[bytes],
+                   usage_chunk: Callable[[], Optional[bytes]]) -> AsyncIterator[bytes]:
     """The SSE stream around an endpoint's `chunks`: those, then `usage_chunk()` (None: no usage chunk) and
     [DONE]. An error after the 200 went out becomes an error event and [DONE]; the runs are closed in every case
     (end, error, client gone)."""
@@ -384,17 +379,6 @@ async def sse_body(ctx: ServingContext, runs: list[PromptRun], chunks: AsyncIter
         yield SSE_DONE
     finally:
         await close_runs(ctx, runs)
-
-
-def chunk_dict(chunk: Any) -> dict:
-    """A stream chunk as a dict: `usage` only when set; chat deltas without their None fields."""
-    d = chunk.model_dump()
-    if d.get("usage") is None:
-        d.pop("usage", None)
-    for ch in d.get("choices", []):
-        if isinstance(ch.get("delta"), dict):
-            ch["delta"] = {k: v for k, v in ch["delta"].items() if v is not None}
-    return d
 
 
 def include_usage(req: Any) -> bool:

@@ -16,12 +16,11 @@ from ladle.core.outputs import TokenLogprobs
 from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
 from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                   CompletionResponseChoice, CompletionStreamChoice, CompletionStreamResponse,
-                                   random_id)
-from ladle.server.serving_common import (SSE_DONE, ClientDisconnected, PromptRun, ServingContext, chunk_dict,
-                                         clamp_logprob, collect_runs, include_usage,
-                                         make_sampling_params, make_usage, merge_runs, prepare, resolve_max_tokens,
-                                         sse, sse_body, stop_reason_or_none, stream_runs)
+                                   CompletionResponseChoice, random_id)
+from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingContext, clamp_logprob, collect_runs,
+                                         include_usage, make_sampling_params, make_usage, merge_runs, prepare,
+                                         resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
+from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
 from ladle.server.validation import check_int_range, check_sampling_fields
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
@@ -53,23 +52,30 @@ def _prompts(ctx: ServingContext, prompt: Union[str, list], need_text: bool) -> 
     return out
 
 
-def _append_logprobs(ctx: ServingContext, lp: CompletionLogprobs, token_ids: list[int],
+def _new_logprobs() -> dict[str, list]:
+    """Legacy-format logprobs as a plain dict (CompletionLogprobs' fields; a stream chunk encodes it as is)."""
+    return {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+
+
+def _append_logprobs(ctx: ServingContext, lp: dict[str, list], token_ids: list[int],
                      entries: Optional[list[Optional[TokenLogprobs]]], k: int, offset: int) -> int:
-    """Append tokens to `lp` (legacy format); returns the text offset after them."""
+    """Append tokens to `lp` (from _new_logprobs: legacy format); returns the text offset after them."""
+    tokens, text_offset, token_logprobs, top_logprobs = (lp["tokens"], lp["text_offset"], lp["token_logprobs"],
+                                                         lp["top_logprobs"])
     for i, tid in enumerate(token_ids):
         entry = entries[i] if entries is not None and i < len(entries) else None
         s = ctx.token_str(tid)
-        lp.tokens.append(s)
-        lp.text_offset.append(offset)
+        tokens.append(s)
+        text_offset.append(offset)
         offset += len(s)
         if not entry:
-            lp.token_logprobs.append(None)
-            lp.top_logprobs.append(None)
+            token_logprobs.append(None)
+            top_logprobs.append(None)
             continue
-        lp.token_logprobs.append(clamp_logprob(entry[0][1]))
+        token_logprobs.append(clamp_logprob(entry[0][1]))
         top = {ctx.token_str(alt): clamp_logprob(alt_lp) for alt, alt_lp, _rank in entry[1:1 + k]}
         top.setdefault(s, clamp_logprob(entry[0][1]))  # the chosen token is always listed (as vLLM does)
-        lp.top_logprobs.append(top)
+        top_logprobs.append(top)
     return offset
 
 
@@ -119,12 +125,13 @@ class CompletionHandler:
         text = run.prompt_text if req.echo else ""
         logprobs = None
         if req.logprobs is not None:
-            logprobs = CompletionLogprobs()
+            lp = _new_logprobs()
             offset = 0
             if req.echo:
-                offset = _append_logprobs(self.ctx, logprobs, run.prompt_ids, run.prompt_logprobs, req.logprobs, 0)
+                offset = _append_logprobs(self.ctx, lp, run.prompt_ids, run.prompt_logprobs, req.logprobs, 0)
             if c is not None and not zero:
-                _append_logprobs(self.ctx, logprobs, c.token_ids, c.logprobs, req.logprobs, offset)
+                _append_logprobs(self.ctx, lp, c.token_ids, c.logprobs, req.logprobs, offset)
+            logprobs = CompletionLogprobs(**lp)
         if zero or c is None:
             return CompletionResponseChoice(index=run.index * req.n + index, text=text, logprobs=logprobs,
                                             finish_reason="length")
@@ -139,51 +146,50 @@ class CompletionHandler:
             usage.completion_tokens = 0
         return CompletionResponse(id=random_id("cmpl"), model=self.ctx.model_name, choices=choices, usage=usage)
 
-    async def _replay(self, req: CompletionRequest, response: CompletionResponse) -> AsyncIterator[str]:
+    async def _replay(self, req: CompletionRequest, response: CompletionResponse) -> AsyncIterator[bytes]:
+        frame = SSEFrame(response.id, "text_completion", response.model, response.created)
         for ch in response.choices:
-            chunk = CompletionStreamResponse(id=response.id, created=response.created, model=response.model,
-                                             choices=[CompletionStreamChoice(**ch.model_dump(exclude={"prompt_logprobs"}))])
-            yield sse(chunk_dict(chunk))
+            yield frame.choice(ch.model_dump(exclude={"prompt_logprobs"}))
         if include_usage(req):
-            yield sse(chunk_dict(CompletionStreamResponse(id=response.id, model=response.model, choices=[],
-                                                          usage=response.usage)))
+            yield frame.usage(response.usage)
         yield SSE_DONE
 
     # ------------------------------------------------------------------------------------ streaming
-    async def _stream(self, req: CompletionRequest, runs: list[PromptRun]) -> AsyncIterator[str]:
-        ctx, rid = self.ctx, random_id("cmpl")
+    def _stream(self, req: CompletionRequest, runs: list[PromptRun]) -> AsyncIterator[bytes]:
+        """One chunk per choice output (or per --stream-interval tokens): a plain dict, encoded once."""
+        ctx = self.ctx
+        frame = SSEFrame(random_id("cmpl"), "text_completion", ctx.model_name)
+        pacer = StreamPacer(ctx.limits.stream_interval)
         offsets: dict[int, int] = {}  # choice index -> text offset (logprobs)
+        n, k, echo = req.n, req.logprobs, req.echo
 
-        def usage_chunk() -> Optional[str]:
-            if not include_usage(req):
-                return None
-            return sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[],
-                                                           usage=make_usage(runs))))
+        def usage_chunk() -> Optional[bytes]:
+            return frame.usage(make_usage(runs)) if include_usage(req) else None
 
-        async def chunks() -> AsyncIterator[str]:
+        async def chunks() -> AsyncIterator[bytes]:
             async for run, out in merge_runs(runs):
                 for c in out.outputs:
-                    index = run.index * req.n + c.index
+                    c = pacer.take((run.index, c.index), c)
+                    if c is None:
+                        continue
+                    index = run.index * n + c.index
                     text, logprobs = c.text_delta, None
                     first = index not in offsets
-                    if req.logprobs is not None:
-                        logprobs = CompletionLogprobs()
+                    if k is not None:
+                        logprobs = _new_logprobs()
                         offset = offsets.get(index, 0)
-                        if first and req.echo:
-                            offset = _append_logprobs(ctx, logprobs, run.prompt_ids, run.prompt_logprobs,
-                                                      req.logprobs, offset)
-                        offsets[index] = _append_logprobs(ctx, logprobs, c.token_ids_delta, c.logprobs_delta,
-                                                          req.logprobs, offset)
+                        if first and echo:
+                            offset = _append_logprobs(ctx, logprobs, run.prompt_ids, run.prompt_logprobs, k, offset)
+                        offsets[index] = _append_logprobs(ctx, logprobs, c.token_ids_delta, c.logprobs_delta, k,
+                                                          offset)
                     else:
                         offsets[index] = 0
-                    if first and req.echo:
+                    if first and echo:
                         text = run.prompt_text + text
-                    if not text and not c.finish_reason and not (logprobs and logprobs.tokens):
+                    if not text and not c.finish_reason and not (logprobs and logprobs["tokens"]):
                         continue
-                    choice = CompletionStreamChoice(index=index, text=text, logprobs=logprobs,
-                                                    finish_reason=c.finish_reason,
-                                                    stop_reason=stop_reason_or_none(c.stop_reason))
-                    yield sse(chunk_dict(CompletionStreamResponse(id=rid, model=ctx.model_name, choices=[choice])))
+                    yield frame.choice({"index": index, "text": text, "logprobs": logprobs,
+                                        "finish_reason": c.finish_reason,
+                                        "stop_reason": stop_reason_or_none(c.stop_reason)})
 
-        async for text in sse_body(ctx, runs, chunks(), usage_chunk):
-            yield text
+        return sse_body(ctx, runs, chunks(), usage_chunk)  # no pass-through generator: one frame less per chunk

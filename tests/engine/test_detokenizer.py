@@ -92,3 +92,28 @@ def test_stop_strings_wait_for_min_tokens(smollm2_tokenizer):
         if detok.stop_reason:
             break
     assert detok.stop_reason == "two" and out == "one two one "
+
+
+def test_single_token_cache_gives_the_same_deltas(smollm2_tokenizer):
+    """OutputProcessor shares a token id -> text cache between sequences (one decode per step becomes a lookup):
+    fresh random ids (multi-byte splits, specials) and stop strings give exactly the deltas of the uncached path."""
+    import random
+
+    tok = smollm2_tokenizer
+    rng = random.Random()
+    vocab = len(tok)
+    for skip in (True, False):
+        cache: dict[int, str] = {}
+        for _ in range(6):
+            prompt = [rng.randrange(vocab) for _ in range(rng.randrange(1, 9))]
+            ids = [rng.randrange(vocab) if rng.random() < 0.7 else rng.randrange(50) for _ in range(60)]
+            kw = dict(stop=("e t", "zz"), skip_special_tokens=skip)
+            plain, cached = IncrementalDetokenizer(tok, prompt, **kw), IncrementalDetokenizer(
+                tok, prompt, single_token_texts=cache, **kw)
+            i = 0
+            while i < len(ids):  # one token per step mostly, sometimes two (a window of two: no lookup)
+                step = ids[i:i + rng.choice((1, 1, 1, 2))]
+                i += len(step)
+                assert cached.update(step, finished=i >= len(ids)) == plain.update(step, finished=i >= len(ids))
+            assert cached.output_text == plain.output_text and cached.stop_reason == plain.stop_reason
+        assert cache  # the lookups happened

@@ -1,0 +1,143 @@
+"""The API side of the engine client: each step's outputs are put into a per-request RequestOutputStream; a consumer
+that fell behind reads everything since its last read as one RequestOutput (text, token ids and logprobs in order,
+finish reason and cumulative fields of the last), and an error put after outputs comes after them."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+
+from fake_engine import FakeTokenizer
+from ladle.config import EngineConfig
+from ladle.core.outputs import EngineOutput
+from ladle.core.sampling_params import SamplingParams
+from ladle.engine import core_messages as msg
+from ladle.engine.client import CompletionOutput, EngineError, RequestOutput
+from ladle.engine.core_client import CoreProcessEngine
+from ladle.engine.output_processor import OutputProcessor
+from ladle.engine.output_stream import RequestOutputStream, merge_request_outputs
+
+
+class DetokTokenizer(FakeTokenizer):
+    """The fake byte tokenizer with the keyword the IncrementalDetokenizer passes."""
+
+    def decode(self, ids, skip_special_tokens=False, **kw):
+        return super().decode(ids, skip_special_tokens)
+
+
+class _Alive:
+    exitcode = None
+
+    def is_alive(self):
+        return True
+
+
+class _Sink:
+    def __init__(self):
+        self.messages = []
+
+    def send(self, data, flags=0):
+        self.messages.append(msg.to_core_decoder.decode(data))
+
+
+def _engine() -> CoreProcessEngine:
+    ready = msg.Ready(model_name="m", tokenizer=pickle.dumps(None), engine_config=pickle.dumps(EngineConfig()),
+                      max_model_len=256)
+    engine = CoreProcessEngine(_Alive(), None, _Sink(), None, "", ready)
+    engine.tokenizer = DetokTokenizer()  # set here, not pickled: the test module need not be importable by name
+    engine._processor = OutputProcessor(engine.tokenizer)
+    return engine
+
+
+def _step(request_id, token_ids, finish=None):
+    lps = [[(t, -0.5 - t / 1000, 1), ((t + 1) % 256, -2.0, 2)] for t in token_ids]
+    return msg.StepOutputs([EngineOutput(request_id, list(token_ids), new_logprobs=lps, finish_reason=finish)], {})
+
+
+def test_lagging_consumer_reads_one_merged_output():
+    text = "héllo, wörld"
+    ids = list(text.encode())
+
+    async def scenario():
+        engine = _engine()
+        engine._reader = asyncio.get_running_loop().create_future()  # no socket reader: the test feeds _handle
+        params = SamplingParams(max_tokens=len(ids), logprobs=1, temperature=0.0)
+        agen = engine.generate([72, 105], params, request_id="r")
+        first = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        engine._handle(msg.AddAck("r"))
+        engine._handle(_step("r", ids[:1]))
+        out1 = await first
+        for i in range(1, len(ids) - 1):  # the consumer does not read: these pile up in its stream
+            engine._handle(_step("r", ids[i:i + 1]))
+        engine._handle(_step("r", ids[-1:], finish="length"))
+        assert engine._streams["r"].empty() is False
+        out2 = await agen.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await agen.__anext__()
+        return out1, out2
+
+    out1, out2 = asyncio.run(scenario())
+    assert out1.outputs[0].text_delta == "h" and not out1.finished
+    c = out2.outputs[0]
+    assert out2.finished and c.finish_reason == "length"
+    assert out1.outputs[0].text_delta + c.text_delta == text and c.text == text  # cumulative on the finishing one
+    assert c.token_ids_delta == ids[1:] and c.token_ids == ids
+    assert [e[0][0] for e in c.logprobs_delta] == ids[1:] and len(c.logprobs) == len(ids)
+
+
+def test_stream_merges_keeps_inputs_and_raises_after_outputs():
+    a = RequestOutput("r", [1], [
+        CompletionOutput(0, text_delta="a", token_ids_delta=[1]),
+        CompletionOutput(1, text_delta="x", token_ids_delta=[9], logprobs_delta=[[(9, -1.0, 1)]])],
+        queue_time=0.5, prompt_logprobs=[None])
+    b = RequestOutput("r", [1], [
+        CompletionOutput(1, text_delta="y", token_ids_delta=[8], logprobs_delta=[[(8, -2.0, 1)]], finish_reason="stop",
+                         stop_reason=8, text="xy", token_ids=[9, 8]),
+        CompletionOutput(2, text_delta="q", token_ids_delta=[5])], finished=False)
+    m = merge_request_outputs(a, b)
+    assert [(c.index, c.text_delta, c.token_ids_delta) for c in m.outputs] == [(0, "a", [1]), (1, "xy", [9, 8]),
+                                                                               (2, "q", [5])]
+    assert m.outputs[1].logprobs_delta == [[(9, -1.0, 1)], [(8, -2.0, 1)]] and m.outputs[1].finish_reason == "stop"
+    assert m.outputs[1].stop_reason == 8 and m.outputs[1].token_ids == [9, 8] and m.outputs[1].text == "xy"
+    assert m.queue_time == 0.5 and m.prompt_logprobs == [None] and a.outputs[1].text_delta == "x"  # a untouched
+
+    async def scenario():
+        stream = RequestOutputStream()
+        reader = asyncio.ensure_future(stream.get())
+        await asyncio.sleep(0)
+        stream.put(a)
+        got_a = await reader
+        stream.put(b)
+        stream.put(EngineError("core died"))
+        got_b = await stream.get()
+        error = await stream.get()  # returned, not raised: the caller tells it from its own cancellation
+        return got_a, got_b, error
+
+    got_a, got_b, error = asyncio.run(scenario())
+    assert got_a is a and got_b is b and isinstance(error, EngineError) and str(error) == "core died"
+
+
+def test_a_consumer_cancelled_while_waiting_aborts_its_request():
+    """Cancelling the consumer (client gone) while it waits for outputs sends the abort that frees the blocks."""
+
+    async def scenario():
+        engine = _engine()
+        engine._reader = asyncio.get_running_loop().create_future()
+        agen = engine.generate([72, 105], SamplingParams(max_tokens=8), request_id="r")
+        first = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        engine._handle(msg.AddAck("r"))
+        engine._handle(_step("r", [72]))
+        await first
+        waiting = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return engine._to_core.messages
+
+    sent = asyncio.run(scenario())
+    assert isinstance(sent[-1], msg.AbortRequests) and sent[-1].child_ids == ["r"]
