@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ladle.config import EngineConfig, ServerConfig, env_flag
 from ladle.engine.client import EngineClient
+from ladle.engine.core_process import freeze_startup_objects
 from ladle.server.errors import OpenAIError, error_body, error_json, install_error_handlers
 from ladle.server.metrics import CONTENT_TYPE, ServerMetrics
 from ladle.server.parsers import parser_flag_refusals
@@ -178,6 +179,7 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
         stats_task = None
         if not server_config.disable_log_stats:
             stats_task = asyncio.ensure_future(StatsLogger(engine.get_stats, server_config.log_stats_interval).run())
+        freeze_startup_objects()  # the API server's own startup objects leave the collector's generations too
         yield
         if stats_task is not None:
             stats_task.cancel()
