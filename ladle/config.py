@@ -77,7 +77,8 @@ class SchedulerConfig:
     async_scheduling: bool = _f(
         False, "--async-scheduling",
         "schedule and launch step N+1 while step N runs on the device (its sampled tokens feed step N+1 on the "
-        "device); steps with repetition/presence/frequency penalties run synchronously; tensor parallel size 1 only")
+        "device); steps with repetition/presence/frequency penalties or pending prompt logprobs run synchronously; "
+        "tensor parallel size 1 only")
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in scheduling order: the last one is preempted first
         self._finished_ids: list[str] = []  # finished since the last schedule, runner holds their state
-        self._sync_candidates: set[str] = set()  # unfinished requests with penalties or prompt logprobs
+        self._sync_candidates: dict[str, None] = {}  # unfinished requests with penalties or prompt logprobs, in order
         self._stats = SchedulerStats()
 
     # ---- admission ---------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
         if request.samples_from_outputs or request.wants_prompt_logprobs:
-            self._sync_candidates.add(request.request_id)
+            self._sync_candidates[request.request_id] = None
 
     # ---- schedule ----------------------------------------------------------------------------------
 
@@ -375,7 +375,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.FINISHED
         del self.requests[request.request_id]
-        self._sync_candidates.discard(request.request_id)
+        self._sync_candidates.pop(request.request_id, None)
 
     def finish_requests(
         self, request_ids: Iterable[str], finish_reason: str, stop_reason: object = None

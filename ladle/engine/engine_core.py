@@ -101,6 +101,7 @@ class EngineCore:
         if self.async_scheduling and not hasattr(runner, "launch"):
             raise ValueError("--async-scheduling needs a runner that launches steps (tensor parallel size 1)")
         self._in_flight: Optional[_InFlight] = None
+        self._drain_reason: Optional[str] = None  # why the last drain happened: recorded with the next launch
         # host seconds per phase of `step` since start (the CPU-time-per-step record of /metrics): "schedule"
         # (Scheduler.schedule), "execute" (runner: prepare inputs, forward, sample; synchronous mode: also the
         # device->host copy of the sampled ids, so it includes device time; asynchronous mode: the launch only, which
@@ -189,9 +190,10 @@ class EngineCore:
         prev = self._in_flight
         reason = self.scheduler.async_ineligible_reason()
         if prev is not None and reason is not None:
-            self._in_flight = None
+            self._in_flight, self._drain_reason = None, reason
             return self._complete(prev)
-        launched, outputs = self._launch(prev is not None, reason)
+        launched, outputs = self._launch(prev is not None, reason or self._drain_reason)
+        self._drain_reason = None
         if prev is not None:
             self._in_flight = launched  # failed with prev if waiting for prev fails (its placeholders came from it)
             return outputs + self._complete(prev)
@@ -201,7 +203,9 @@ class EngineCore:
         return outputs
 
     def _launch(self, overlapped: bool, reason: Optional[str]) -> tuple[Optional[_InFlight], list[EngineOutput]]:
-        """Schedule a step and launch it: (the step in flight or None, outputs of a launch that failed)."""
+        """Schedule a step and launch it: (the step in flight or None, outputs of a launch that failed). The dispatch
+        record counts one decision per step that has chunks: executed when launched while the previous step was in
+        flight; else `reason` (why the rule failed, now or at the drain before) or "nothing in flight"."""
         observed = observe_steps.begin()
         t0 = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
