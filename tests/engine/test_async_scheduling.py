@@ -138,7 +138,8 @@ def test_scheduler_keeps_the_token_of_a_request_preempted_in_flight():
     assert b.status == RequestStatus.PREEMPTED and b.num_inflight_samples == 1
     outs = sched.update(step1, RunnerOutput(sampled_token_ids={"a": 40, "b": 50}))
     assert [(o.request_id, o.new_token_ids) for o in outs] == [("a", [40]), ("b", [50])]
-    assert b.output_token_ids == [50] and b.num_computed_tokens == 0 and (b.num_inflight_tokens, a.num_inflight_tokens) == (0, 1)
+    assert b.output_token_ids == [50] and b.num_computed_tokens == 0
+    assert (b.num_inflight_tokens, a.num_inflight_tokens) == (0, 1)
     assert a.num_computed_tokens == 4 and a.all_token_ids == [1, 2, 3, 4, 40]
     sched.update(step2, RunnerOutput(sampled_token_ids={"a": 41}))
     assert a.output_token_ids == [40, 41] and a.num_computed_tokens == 5
@@ -364,3 +365,41 @@ def test_refused_with_tensor_parallelism_and_accepted_on_the_command_line():
     for argv, value in ((["--async-scheduling"], True), (["--no-async-scheduling"], False), ([], False)):
         engine, _ = configs_from_args(parse_serve_args(serve_parser(), argv))
         assert engine.scheduler.async_scheduling is value
+
+
+def test_core_process_with_async_scheduling(m3_dir):
+    """The engine-core process loop drives the same `step()`: greedy tokens as the synchronous offline engine, a
+    cancelled stream frees its blocks, a failing request fails alone, the resolved config carries the flag."""
+    from ladle.engine.core_client import CoreProcessEngine
+    from ladle.engine.engine_factory import engine_config_from_kwargs
+
+    prompts = _prompts(4, seed=71)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = [c[0] for c in _finishes(_m3(m3_dir)(False).generate(prompts, greedy))]
+    engine = CoreProcessEngine.start(engine_config_from_kwargs(m3_dir, async_scheduling=True, **M3_ENGINE))
+
+    async def collect(prompt, params) -> list:
+        return [o async for o in engine.generate(prompt, params)]
+
+    async def main() -> None:
+        try:
+            assert engine.engine_config.scheduler.async_scheduling is True
+            outs = await asyncio.gather(*[collect(p, greedy) for p in prompts])
+            assert [tuple(o[-1].outputs[0].token_ids) for o in outs] == expected
+            agen = engine.generate(prompts[0], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+            await agen.__anext__()
+            await agen.aclose()
+            failed = await collect([5, 10**6, 7], greedy)  # beyond the vocabulary: its step fails
+            assert failed[-1].outputs[0].finish_reason == "error"
+            assert tuple((await collect(prompts[3], greedy))[-1].outputs[0].token_ids) == expected[3]
+            for _ in range(100):
+                stats = engine.get_stats()
+                if stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks:
+                    break
+                await asyncio.sleep(0.01)
+            assert stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks
+            assert stats.step_host_seconds["wait"] >= 0 and stats.step_host_seconds["execute"] > 0
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
