@@ -327,8 +327,7 @@ class Scheduler:
                     new_logprobs = [runner_output.logprobs[rid]]
                 self._stats.generation_tokens_total += 1
                 finished = request.check_stop(self.max_model_len)
-            elif (request.max_tokens == 0 and request.status == RequestStatus.RUNNING
-                  and request.num_computed_tokens >= request.num_prompt_tokens):
+            elif request.max_tokens == 0 and request.num_computed_tokens >= request.num_prompt_tokens:
                 request.finish_reason = FINISH_LENGTH
                 finished = True
             if not (new_token_ids or finished):
