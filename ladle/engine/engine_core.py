@@ -97,7 +97,7 @@ class EngineCore:
         self.runner = runner
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(eos_token_ids)
-        self.async_scheduling = bool(getattr(scheduler.config, "async_scheduling", False))
+        self.async_scheduling = bool(getattr(getattr(scheduler, "config", None), "async_scheduling", False))
         if self.async_scheduling and not hasattr(runner, "launch"):
             raise ValueError("--async-scheduling needs a runner that launches steps (tensor parallel size 1)")
         self._in_flight: Optional[_InFlight] = None
