@@ -74,6 +74,11 @@ class SchedulerConfig:
 
     max_num_seqs: int = _f(256, "--max-num-seqs", "maximum requests in one step")
     max_num_batched_tokens: int = _f(2048, "--max-num-batched-tokens", "maximum tokens in one step (chunked prefill beyond)")
+    async_scheduling: bool = _f(
+        False, "--async-scheduling",
+        "schedule and launch step N+1 while step N runs on the device (its sampled tokens feed step N+1 on the "
+        "device); steps with repetition/presence/frequency penalties or pending prompt logprobs run synchronously; "
+        "tensor parallel size 1 only")
 
 
 @dataclass(frozen=True)

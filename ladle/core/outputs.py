@@ -12,6 +12,11 @@ from typing import Optional
 
 from ladle.core.sampling_params import SamplingParams
 
+# Under asynchronous scheduling (EngineCore, --async-scheduling) a decode chunk of a request whose previous token is
+# still being sampled by the step in flight feeds this id; the runner replaces it on the device by that step's sampled
+# token before the forward. Never a real token id (ids are >= 0) and never in Request.all_token_ids.
+PLACEHOLDER_TOKEN_ID = -1
+
 # One token's logprob entry: (token_id, logprob, rank) for the sampled/prompt token first,
 # then the top-k alternatives in descending order. rank is 1-based in the full vocabulary.
 TokenLogprobs = list[tuple[int, float, int]]
@@ -38,7 +43,8 @@ class ScheduledChunk:
     """One request's share of a step.
 
     token_ids:      tokens fed this step, len = num_scheduled_tokens >= 1 (prompt chunk, or the last
-                    sampled token for a decode).
+                    sampled token for a decode; [PLACEHOLDER_TOKEN_ID] when that token is still in flight, see
+                    SchedulerOutput.placeholder_chunks).
     start_position: absolute position of token_ids[0] (== num_computed_tokens before the step).
     block_ids:      the request's whole block table after this step's allocation (physical ids).
     sample:         True when the chunk ends at the request's last known token, so a new token is sampled.
@@ -56,12 +62,18 @@ class ScheduledChunk:
 
 @dataclass
 class SchedulerOutput:
-    """The only thing the runner receives each step."""
+    """The only thing the runner receives each step.
+
+    placeholder_chunks: indices into `chunks` of the decode chunks whose one token is PLACEHOLDER_TOKEN_ID: the
+    token sampled for that request by the previous step the runner launched, which has not reached the host yet
+    (asynchronous scheduling; always empty in synchronous mode).
+    """
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     new_requests: list[NewRequestData] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    placeholder_chunks: list[int] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -32,7 +32,9 @@ class Request:
         eos_token_ids: the model's EOS ids (stop generation unless `ignore_eos`).
         arrival_time: `time.monotonic()` seconds; defaults to now.
 
-    Fields the scheduler maintains: `output_token_ids`, `num_computed_tokens`, `num_cached_tokens`
+    Fields the scheduler maintains: `output_token_ids`, `num_computed_tokens`, `num_inflight_tokens` (scheduled in
+    steps whose results `Scheduler.update` has not applied yet; 0 between synchronous steps),
+    `num_inflight_samples` (how many of those steps sample a token for it: 0 or 1), `num_cached_tokens`
     (prefix-cache hit tokens at its first scheduling), `status`, `finish_reason`, `stop_reason`,
     `first_scheduled_time` (monotonic seconds, set once), `num_preemptions`, `block_hashes` (hash chain of
     its full blocks, filled lazily by the KV cache manager), `prompt_logprobs` (accumulated across prefill
@@ -57,6 +59,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        self.num_inflight_tokens = 0
+        self.num_inflight_samples = 0
         self.num_cached_tokens = 0
         self.status = RequestStatus.WAITING
         self.finish_reason: Optional[str] = None
@@ -95,6 +99,13 @@ class Request:
     @property
     def wants_prompt_logprobs(self) -> bool:
         return self.sampling_params.prompt_logprobs is not None
+
+    @property
+    def samples_from_outputs(self) -> bool:
+        """Its sampling reads the values of its previous outputs (repetition/presence/frequency penalties), so a
+        step cannot sample for it before the previous step's token reached the host (asynchronous scheduling)."""
+        sp = self.sampling_params
+        return sp.presence_penalty != 0 or sp.frequency_penalty != 0 or sp.repetition_penalty != 1
 
     # ---- mutation (scheduler only) -----------------------------------------------------------------
 

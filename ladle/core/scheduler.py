@@ -13,6 +13,14 @@ a decode is the n == 1 case. Per step:
 
 `update` applies the runner's sampled tokens, runs the stop checks, registers full blocks in the prefix
 cache and frees finished requests' blocks in the same step. Never imports torch.
+
+Asynchronous scheduling (EngineCore with --async-scheduling): `schedule` may run while the previous step is still in
+flight (scheduled, not yet applied by `update`). A request's progress then counts its in-flight tokens
+(`Request.num_inflight_tokens`); a request whose in-flight step samples a token gets a decode chunk of one
+PLACEHOLDER_TOKEN_ID (listed in `SchedulerOutput.placeholder_chunks`; the runner fills it on the device), unless
+max_tokens or max_model_len already ends the request with that token. A request preempted while its token is in
+flight still gets that token appended by `update` (kept, and recomputed as a prompt token on resume, as in
+synchronous mode). Between synchronous steps nothing is in flight and all of this reduces to the plain loop.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.outputs import (
     FINISH_ERROR,
     FINISH_LENGTH,
+    PLACEHOLDER_TOKEN_ID,
     EngineOutput,
     NewRequestData,
     RequestRejected,
@@ -99,6 +108,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in scheduling order: the last one is preempted first
         self._finished_ids: list[str] = []  # finished since the last schedule, runner holds their state
+        self._sync_candidates: dict[str, None] = {}  # unfinished requests with penalties or prompt logprobs, in order
         self._stats = SchedulerStats()
 
     # ---- admission ---------------------------------------------------------------------------------
@@ -132,6 +142,8 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if request.samples_from_outputs or request.wants_prompt_logprobs:
+            self._sync_candidates[request.request_id] = None
 
     # ---- schedule ----------------------------------------------------------------------------------
 
@@ -144,11 +156,13 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            assert num_new > 0, request
+            num_new = min(self._num_unscheduled(request), budget)
+            if num_new <= 0:  # all it has is in flight, or the in-flight token ends it
+                i += 1
+                continue
             if not self._allocate_or_preempt(request, num_new, out):
                 break  # the request preempted itself: it was the last running one
-            out.chunks.append(self._chunk(request, num_new))
+            self._add_chunk(out, request, num_new)
             budget -= num_new
             i += 1
         if not out.preempted_request_ids:
@@ -156,6 +170,33 @@ class Scheduler:
         if out.chunks:
             self._count_iteration(out.num_scheduled_tokens)
         return out
+
+    def _num_unscheduled(self, request: Request) -> int:
+        """Tokens of a running request not yet scheduled: known tokens plus the one its in-flight step samples,
+        minus computed and in-flight ones. 0 when the in-flight token reaches max_tokens or max_model_len (the
+        request finishes at that step's update, so no placeholder is scheduled for it)."""
+        end = request.num_tokens + request.num_inflight_samples
+        if request.num_inflight_samples and (
+                request.num_output_tokens + request.num_inflight_samples >= request.max_tokens
+                or end >= self.max_model_len):
+            return 0
+        return end - request.num_computed_tokens - request.num_inflight_tokens
+
+    def async_ineligible_reason(self) -> Optional[str]:
+        """None when the next step may be scheduled before the step in flight has been applied (asynchronous
+        scheduling), else why not. A running request
+        - whose sampling reads its previous outputs' values (penalties): the host knows them only after `update`;
+        - whose prompt logprobs are not reported yet: a preemption by the next `schedule` would reset the ones
+          its in-flight step computes, and they would come with a later token instead of the first one."""
+        for rid in self._sync_candidates:
+            request = self.requests[rid]
+            if request.status != RequestStatus.RUNNING:
+                continue
+            if request.samples_from_outputs:
+                return "penalties read the previous step's tokens"
+            if not request.prompt_logprobs_sent:
+                return "prompt logprobs not reported yet"
+        return None
 
     def _count_iteration(self, num_tokens: int) -> None:
         s = self._stats
@@ -167,7 +208,7 @@ class Scheduler:
     def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
         """Allocate for `request`, preempting from the end of `running` until it fits. False when
         `request` itself had to be preempted."""
-        while not self.kv_cache_manager.allocate_slots(request, num_new):
+        while not self.kv_cache_manager.allocate_slots(request, request.num_inflight_tokens + num_new):
             victim = self.running.pop()
             self._preempt(victim)
             out.preempted_request_ids.append(victim.request_id)
@@ -181,6 +222,8 @@ class Scheduler:
             if kv.num_free_blocks == 0:  # hits are whole blocks and >= 1 token is computed: a new block is needed,
                 break  # so skip the prefix lookup that would fail anyway (it compares every hit block's tokens)
             request = self.waiting[0]
+            if request.num_inflight_tokens:  # preempted while a step ran: resumed after that step's update
+                break
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit, budget)
             if not kv.allocate_slots(request, num_new, hit_blocks):
@@ -199,7 +242,7 @@ class Scheduler:
                     sampling_params=request.sampling_params,
                 )
             )
-            out.chunks.append(self._chunk(request, num_new))
+            self._add_chunk(out, request, num_new)
             budget -= num_new
 
     def _on_first_schedule(self, request: Request, num_hit: int) -> None:
@@ -211,21 +254,32 @@ class Scheduler:
             self._stats.prefix_cache_queries_total += request.num_prompt_tokens
             self._stats.prefix_cache_hits_total += num_hit
 
-    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
-        start = request.num_computed_tokens
+    def _add_chunk(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        """Append the request's next `num_new` tokens to `out` and count them in flight. Past the known tokens
+        there is at most one position, the token its in-flight step samples: a placeholder."""
+        start = request.num_computed_tokens + request.num_inflight_tokens
         end = start + num_new
+        known = request.num_tokens
+        token_ids = request.all_token_ids[start:end]
+        if end > known:
+            assert end == known + 1 == start + 1, f"placeholder beyond one in-flight token: {request}"
+            token_ids = [PLACEHOLDER_TOKEN_ID]
+            out.placeholder_chunks.append(len(out.chunks))
         num_pl = 0
         if request.wants_prompt_logprobs and not request.prompt_logprobs_sent:
             # Positions p whose next token p + 1 is a prompt token: p <= num_prompt_tokens - 2.
             num_pl = max(0, min(end, request.num_prompt_tokens - 1) - start)
-        return ScheduledChunk(
+        sample = end == known + request.num_inflight_samples and request.max_tokens > 0
+        out.chunks.append(ScheduledChunk(
             request_id=request.request_id,
-            token_ids=request.all_token_ids[start:end],
+            token_ids=token_ids,
             start_position=start,
             block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-            sample=end == request.num_tokens and request.max_tokens > 0,
+            sample=sample,
             prompt_logprob_positions=num_pl,
-        )
+        ))
+        request.num_inflight_tokens += num_new
+        request.num_inflight_samples += sample
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
@@ -243,17 +297,24 @@ class Scheduler:
         """Apply one step's results. For each chunk: advance num_computed_tokens, accumulate prompt
         logprobs, register newly full blocks, append the sampled token (sample=True), check stops, free
         finished requests' blocks. Returns one EngineOutput per request that got a token or finished.
-        Chunks of requests finished since `schedule` (aborted in between) are ignored."""
+        Chunks of requests finished since `schedule` (aborted in between) are ignored; a request preempted
+        since (asynchronous scheduling: by the next step's `schedule`) only gets its sampled token."""
         outputs: list[EngineOutput] = []
         for chunk in scheduler_output.chunks:
             request = self.requests.get(chunk.request_id)
-            if request is None or request.status != RequestStatus.RUNNING:
+            if request is None:
                 continue
             rid = request.request_id
-            request.num_computed_tokens += len(chunk.token_ids)
-            if chunk.prompt_logprob_positions:
-                request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(rid, ()))
-            self.kv_cache_manager.cache_full_blocks(request)
+            request.num_inflight_tokens -= len(chunk.token_ids)
+            request.num_inflight_samples -= chunk.sample
+            if request.status == RequestStatus.RUNNING:
+                request.num_computed_tokens += len(chunk.token_ids)
+                if chunk.prompt_logprob_positions:
+                    request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(rid, ()))
+                # Only computed tokens are registered, and they are all known (placeholders lie beyond them).
+                self.kv_cache_manager.cache_full_blocks(request)
+            elif not chunk.sample:
+                continue
             new_token_ids: list[int] = []
             new_logprobs = None
             finished = False
@@ -313,6 +374,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.FINISHED
         del self.requests[request.request_id]
+        self._sync_candidates.pop(request.request_id, None)
 
     def finish_requests(
         self, request_ids: Iterable[str], finish_reason: str, stop_reason: object = None

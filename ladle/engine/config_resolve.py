@@ -210,6 +210,16 @@ def resolve_quantization(quantization: Optional[str], hf_config: Optional[dict])
     return quantization
 
 
+def resolve_async_scheduling(enable: bool, tensor_parallel_size: int) -> bool:
+    """--async-scheduling runs with one rank only: the tensor-parallel executor (ladle/runner/executor.py) executes a
+    step synchronously on every rank, with no in-flight step to feed the next one on the device."""
+    if enable and tensor_parallel_size > 1:
+        raise ConfigError(f"--async-scheduling with --tensor-parallel-size {tensor_parallel_size}: not supported yet; "
+                          "asynchronous scheduling works with --tensor-parallel-size 1 (the model in the engine-core "
+                          "process), or leave --async-scheduling out to run tensor parallelism synchronously")
+    return bool(enable)
+
+
 def _language_model_only(value: bool) -> bool:
     if not value:
         raise ConfigError("--no-language-model-only: ladle has no vision or audio encoder; it always loads the text "
@@ -261,6 +271,7 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
         hf_config, fallback=config.parallel.tensor_parallel_size))
     refusals.run(resolve_expert_parallel, config.parallel.enable_expert_parallel,
                  config.parallel.tensor_parallel_size, hf_config)
+    refusals.run(resolve_async_scheduling, config.scheduler.async_scheduling, config.parallel.tensor_parallel_size)
     device_type = torch.device(device).type
     backends_ok = [refusals.run(resolve_attention_backend, config.runner.attention_backend, device_type),
                    refusals.run(resolve_moe_backend, config.runner.moe_backend, device_type)]

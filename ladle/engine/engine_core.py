@@ -1,12 +1,34 @@
 """EngineCore: owns the scheduler and the model runner; one `step()` = schedule -> execute -> update.
 
-Single-threaded: the AsyncEngine's engine thread or the LLM caller is its only user. Everything it takes
-and returns is plain Python (Request in, EngineOutput out), so it can move to its own process later.
+Single-threaded: the AsyncEngine's engine thread, the engine-core process loop or the LLM caller is its only user.
+Everything it takes and returns is plain Python (Request in, EngineOutput out). Callers loop
+`while core.has_unfinished_requests(): outputs = core.step()`, applying aborts and stop-string finishes between
+calls; that shape is the same in both scheduling modes.
 
-Failure rule (ARCHITECTURE.md "Threads, aborts, failures"): an exception inside `runner.execute` fails the
-requests of that step (FINISH_ERROR with the message, blocks freed) and the engine carries on. An
-exception anywhere else propagates, and so does a `fatal` one from the runner (a tensor-parallel rank process
-that died): the caller treats the loop as dead.
+Asynchronous scheduling (`--async-scheduling`, SchedulerConfig.async_scheduling; ARCHITECTURE.md "Processes"):
+one call schedules step N+1 and launches it on the device (`runner.launch`; its decode chunks of requests that
+sample in step N feed placeholders the runner fills on the device from step N's sampled ids), then waits for step
+N's tokens (`runner.wait`), applies `Scheduler.update` for N and returns N's outputs while N+1 runs. Eligibility
+rule (`Scheduler.async_ineligible_reason`, recorded as dispatch op "async_scheduling"): step N+1 is scheduled
+before N's update unless a running request samples with repetition/presence/frequency penalties (they read the
+values of its previous tokens, which the host knows only after N) or still waits for its prompt logprobs; then the
+pipeline drains (wait for N, update, return) and the next step is scheduled with everything known and run
+synchronously. min_tokens needs only the count of outputs, which the runner keeps exact
+(RequestState.num_pending_outputs); logprobs and seeded sampling need nothing of the previous step.
+A request that finishes at step N may already be in step N+1: its N+1 token is discarded (update skips finished
+requests). Its N+1 K/V write is harmless:
+- it lands at the position after its last computed token, in a block the prefix cache never holds (only blocks
+  whose tokens are all computed and known are registered, at update time);
+- its blocks are freed at update N; a block reused by a later request is written by that request's own steps,
+  which run after N+1 in stream order, before anything reads it (attention reads only positions a request wrote).
+Aborts and stop-string finishes between calls free blocks at once; the same argument covers the in-flight write.
+Tensor parallelism runs synchronously (config resolution refuses --async-scheduling with TP > 1).
+
+Failure rule (ARCHITECTURE.md "Processes"): an exception inside `runner.execute` / `runner.launch` /
+`runner.wait` fails the requests of that step (FINISH_ERROR with the message, blocks freed) and the engine carries
+on; when waiting for step N fails, step N+1 (whose placeholders came from N) fails with it. An exception anywhere
+else propagates, and so does a `fatal` one from the runner (a tensor-parallel rank process that died): the caller
+treats the loop as dead.
 """
 
 from __future__ import annotations
@@ -15,15 +37,23 @@ import dataclasses
 import logging
 import time
 import traceback
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
 
-from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_STOP, EngineOutput, RequestRejected
+from ladle.core.outputs import (FINISH_ABORT, FINISH_ERROR, FINISH_STOP, EngineOutput, RequestRejected,
+                                ScheduledChunk, SchedulerOutput)
 from ladle.core.request import Request
 from ladle.core.sampling_params import SamplingParams
 from ladle.core.scheduler import Scheduler, SchedulerStats
+from ladle.observe import dispatch
 from ladle.observe import steps as observe_steps
 
 logger = logging.getLogger(__name__)
+
+dispatch.register("async_scheduling", "overlap",
+                  "--async-scheduling; tensor parallel size 1; no running request samples with repetition/presence/"
+                  "frequency penalties or waits for prompt logprobs; executed = the step was scheduled and launched "
+                  "while the previous one was in flight")
 
 
 def fill_max_tokens(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
@@ -48,19 +78,37 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
 
+@dataclass
+class _InFlight:
+    """A launched step not yet applied: its SchedulerOutput, the runner's handle, the observe token."""
+
+    scheduler_output: SchedulerOutput
+    handle: Any
+    observed: Any
+
+
 class EngineCore:
-    """Args: scheduler, runner (anything with `execute(SchedulerOutput) -> RunnerOutput`), max_model_len,
-    eos_token_ids (attached to every Request)."""
+    """Args: scheduler, runner (anything with `execute(SchedulerOutput) -> RunnerOutput`; with asynchronous
+    scheduling, `scheduler.config.async_scheduling`, also `launch(SchedulerOutput) -> handle` and
+    `wait(handle) -> RunnerOutput`), max_model_len, eos_token_ids (attached to every Request)."""
 
     def __init__(self, scheduler: Scheduler, runner, *, max_model_len: int, eos_token_ids: Iterable[int] = ()) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(eos_token_ids)
+        self.async_scheduling = bool(getattr(getattr(scheduler, "config", None), "async_scheduling", False))
+        if self.async_scheduling and not hasattr(runner, "launch"):
+            raise ValueError("--async-scheduling needs a runner that launches steps (tensor parallel size 1)")
+        self._in_flight: Optional[_InFlight] = None
+        self._drain_reason: Optional[str] = None  # why the last drain happened: recorded with the next launch
         # host seconds per phase of `step` since start (the CPU-time-per-step record of /metrics): "schedule"
-        # (Scheduler.schedule), "execute" (runner/executor: prepare inputs, forward, sample, the device->host copy of
-        # the sampled ids; synchronous, so it includes device time), "update" (Scheduler.update: the EngineOutputs)
-        self.step_host_s: dict[str, float] = {"schedule": 0.0, "execute": 0.0, "update": 0.0}
+        # (Scheduler.schedule), "execute" (runner: prepare inputs, forward, sample; synchronous mode: also the
+        # device->host copy of the sampled ids, so it includes device time; asynchronous mode: the launch only, which
+        # on CUDA returns once the work is queued), "wait" (asynchronous mode: blocked on a launched step's results,
+        # i.e. device time not hidden behind host work; 0 in synchronous mode), "update" (Scheduler.update: the
+        # EngineOutputs)
+        self.step_host_s: dict[str, float] = {"schedule": 0.0, "execute": 0.0, "wait": 0.0, "update": 0.0}
         self.num_steps = 0
 
     # ---- requests ----------------------------------------------------------------------------------
@@ -110,7 +158,11 @@ class EngineCore:
     # ---- the step ----------------------------------------------------------------------------------
 
     def step(self) -> list[EngineOutput]:
-        """One engine step. Returns the EngineOutputs of this step (tokens, finishes, failures)."""
+        """One engine step. Returns the EngineOutputs of the step that completed (tokens, finishes, failures):
+        this step's in synchronous mode; with asynchronous scheduling the previous step's ([] when the pipeline
+        just started)."""
+        if self.async_scheduling:
+            return self._step_async()
         observed = observe_steps.begin()
         t0 = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
@@ -123,18 +175,88 @@ class EngineCore:
         try:
             runner_output = self.runner.execute(scheduler_output)
         except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
-            if getattr(exc, "fatal", False):  # a rank process died (runner/executor.py): the engine cannot go on
-                raise
-            ids = [c.request_id for c in scheduler_output.chunks]
-            logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
-            # the runner drops their state itself: fail_requests reports them in the next finished_request_ids
-            return self.scheduler.fail_requests(ids, f"{type(exc).__name__}: {exc}")
+            return self._fail(scheduler_output.chunks, exc)
         t2 = time.perf_counter()
         outputs = self.scheduler.update(scheduler_output, runner_output)
         self.step_host_s["execute"] += t2 - t1
         self.step_host_s["update"] += time.perf_counter() - t2
         observe_steps.end(self, scheduler_output, observed)
         return outputs
+
+    def _step_async(self) -> list[EngineOutput]:
+        """Schedule and launch step N+1, then complete step N (module docstring). When the eligibility rule fails
+        with N in flight, only N completes (drain); a step launched with nothing in flight completes in the same
+        call unless the next one may overlap it."""
+        prev = self._in_flight
+        reason = self.scheduler.async_ineligible_reason()
+        if prev is not None and reason is not None:
+            self._in_flight, self._drain_reason = None, reason
+            return self._complete(prev)
+        launched, outputs = self._launch(prev is not None, reason or self._drain_reason)
+        self._drain_reason = None
+        if prev is not None:
+            self._in_flight = launched  # failed with prev if waiting for prev fails (its placeholders came from it)
+            return outputs + self._complete(prev)
+        if launched is not None and reason is not None:
+            return outputs + self._complete(launched)
+        self._in_flight = launched
+        return outputs
+
+    def _launch(self, overlapped: bool, reason: Optional[str]) -> tuple[Optional[_InFlight], list[EngineOutput]]:
+        """Schedule a step and launch it: (the step in flight or None, outputs of a launch that failed). The dispatch
+        record counts one decision per step that has chunks: executed when launched while the previous step was in
+        flight; else `reason` (why the rule failed, now or at the drain before) or "nothing in flight"."""
+        observed = observe_steps.begin()
+        t0 = time.perf_counter()
+        scheduler_output = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        self.step_host_s["schedule"] += t1 - t0
+        chunks = scheduler_output.chunks
+        if not chunks and not (scheduler_output.finished_request_ids or scheduler_output.preempted_request_ids):
+            return None, []
+        self.num_steps += 1
+        if chunks:
+            dispatch.record("async_scheduling", dispatch.tokens_bucket(len(chunks)), configured=True,
+                            eligible=reason is None, executed=overlapped and reason is None,
+                            reason=reason or "nothing in flight (first step after idle or a drain)")
+        try:
+            handle = self.runner.launch(scheduler_output)
+        except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
+            return None, self._fail(chunks, exc)
+        self.step_host_s["execute"] += time.perf_counter() - t1
+        step = _InFlight(scheduler_output, handle, observed)
+        if not chunks:  # only finished / preempted ids: nothing to wait for
+            observe_steps.end(self, scheduler_output, observed)
+            return None, []
+        return step, []
+
+    def _complete(self, step: _InFlight) -> list[EngineOutput]:
+        """Wait for a launched step's results and apply them. When waiting fails, the step in flight after it
+        (if any) fails too."""
+        t0 = time.perf_counter()
+        try:
+            runner_output = self.runner.wait(step.handle)
+        except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
+            later, self._in_flight = self._in_flight, None
+            chunks = step.scheduler_output.chunks
+            if later is not None and later is not step:
+                chunks = chunks + later.scheduler_output.chunks
+            return self._fail(chunks, exc)
+        t1 = time.perf_counter()
+        outputs = self.scheduler.update(step.scheduler_output, runner_output)
+        self.step_host_s["wait"] += t1 - t0
+        self.step_host_s["update"] += time.perf_counter() - t1
+        observe_steps.end(self, step.scheduler_output, step.observed)
+        return outputs
+
+    def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> list[EngineOutput]:
+        """Fail the requests of `chunks` after a runner exception (re-raised when `fatal`: a rank process died)."""
+        if getattr(exc, "fatal", False):  # a rank process died (runner/executor.py): the engine cannot go on
+            raise exc
+        ids = list(dict.fromkeys(c.request_id for c in chunks))
+        logger.error("engine step failed for %d requests: %s\n%s", len(ids), exc, traceback.format_exc())
+        # the runner drops their state itself: fail_requests reports them in the next finished_request_ids
+        return self.scheduler.fail_requests(ids, f"{type(exc).__name__}: {exc}")
 
     def is_healthy(self) -> bool:
         """False once the runner reports itself dead (a tensor-parallel rank process exited)."""
@@ -148,7 +270,8 @@ class EngineCore:
             stop()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests not finished, or a launched step whose results were not applied yet."""
+        return self._in_flight is not None or self.scheduler.has_unfinished_requests()
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()

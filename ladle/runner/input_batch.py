@@ -14,8 +14,15 @@ next prompt token), then the chunk's last position if `sample`. `num_logits_per_
 
 Host work is numpy over whole arrays (no per-token Python), and the step's integer tensors travel in two
 host->device copies: one int64 pack (input_ids | positions | slot_mapping | logits_indices | sample
-positions) and one int32 pack (query_start_loc | seq_lens | context_lens | block_table); the tensors in
-BatchInputs are contiguous views of those two device buffers, each segment starting 16-byte aligned.
+positions | placeholder rows) and one int32 pack (query_start_loc | seq_lens | context_lens | block_table); the
+tensors in BatchInputs are contiguous views of those two device buffers, each segment starting 16-byte aligned.
+On CUDA both copies start from pinned memory without blocking (`to_device`), so the host can build a step while the
+previous one still runs (asynchronous scheduling).
+
+Placeholders (asynchronous scheduling): a decode chunk whose token is still being sampled by the step in flight
+feeds PLACEHOLDER_TOKEN_ID; `placeholders` gives (chunk index, row of that step's sampled-id tensor) per such chunk,
+and BatchInputs carries them as `placeholder_dst` (flat token index) / `placeholder_src` (sampled row) for the
+runner to fill `input_ids` on the device before the forward.
 """
 
 from __future__ import annotations
@@ -29,6 +36,16 @@ import torch
 
 from ladle.core.outputs import ScheduledChunk
 from ladle.layers.attention.metadata import AttentionMetadata
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` (a CPU tensor) on `device` without making the host wait for queued device work: on CUDA through pinned
+    memory and a non-blocking copy (a copy from pageable memory may first wait for the stream to drain, CUDA runtime
+    API docs, "API synchronization behavior"; PyTorch's caching host allocator keeps the pinned buffer until the
+    copy is done); elsewhere `host.to(device)`."""
+    if torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 @dataclass
@@ -61,10 +78,12 @@ class LogitsLayout:
 class BatchInputs:
     """Everything `model.forward` needs for one step, plus where to read logits."""
 
-    input_ids: torch.Tensor  # [T] int64
+    input_ids: torch.Tensor  # [T] int64 (PLACEHOLDER_TOKEN_ID at placeholder_dst until the runner fills them)
     positions: torch.Tensor  # [T] int64 (same tensor as attn_metadata.positions)
     attn_metadata: AttentionMetadata
     logits: LogitsLayout
+    placeholder_dst: Optional[torch.Tensor] = None  # [P] int64 flat token indices of the placeholders, or None
+    placeholder_src: Optional[torch.Tensor] = None  # [P] int64 their rows in the in-flight step's sampled ids
 
 
 def _logits_rows(q: np.ndarray, qsl: np.ndarray, sample: np.ndarray, p: np.ndarray):
@@ -102,18 +121,20 @@ def _pack(arrays: list, dtype, device: torch.device) -> list[torch.Tensor]:
     for a, n, m in zip(arrays, sizes, padded):
         host[o:o + n] = a
         o += m
-    views = torch.from_numpy(host).to(device, non_blocking=True).split(padded)
+    views = to_device(torch.from_numpy(host), device).split(padded)
     return [v if m == n else v[:n] for v, n, m in zip(views, sizes, padded)]
 
 
 def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.device,
-                       block_table: Optional[np.ndarray] = None) -> BatchInputs:
+                       block_table: Optional[np.ndarray] = None,
+                       placeholders: Optional[list[tuple[int, int]]] = None) -> BatchInputs:
     """Flatten the chunks of one step (two host->device copies; per-token work in numpy, per-chunk scalars in
     plain Python, which is cheaper than numpy calls for the few hundred values of a decode step).
 
     block_table: the step's [B, >= max blocks] int32 table when the caller keeps one (ModelRunner updates
-    its rows incrementally); built from `chunk.block_ids` when None. Raises AssertionError when a chunk's
-    block table is too short for its positions (scheduler bug) or a chunk is empty.
+    its rows incrementally); built from `chunk.block_ids` when None. placeholders: (chunk index, sampled row) per
+    placeholder chunk (module docstring). Raises AssertionError when a chunk's block table is too short for its
+    positions (scheduler bug) or a chunk is empty.
     """
     assert chunks, "build_batch_inputs needs at least one chunk"
     num_reqs = len(chunks)
@@ -151,8 +172,10 @@ def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: to
             np.array([c.prompt_logprob_positions for c in chunks], np.int64))
         every_token = len(indices) == num_tokens and bool((indices == np.arange(num_tokens)).all())
     sample_positions = [seq_lens[i] for i in sample_idx]
-    ids_t, pos_t, slots_t, idx_t, spos_t = _pack([input_ids, positions, slots, indices, sample_positions],
-                                                 np.int64, device)
+    int64_arrays = [input_ids, positions, slots, indices, sample_positions]
+    if placeholders:
+        int64_arrays += [[qsl[i] for i, _ in placeholders], [row for _, row in placeholders]]
+    ids_t, pos_t, slots_t, idx_t, spos_t, *fill_t = _pack(int64_arrays, np.int64, device)
     qsl_t, seq_t, ctx_t, table_t = _pack([qsl, seq_lens, starts, table.reshape(-1)], np.int32, device)
     metadata = AttentionMetadata(
         query_start_loc=qsl_t,
@@ -170,4 +193,5 @@ def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: to
         num_actual_tokens=num_tokens,
     )
     return BatchInputs(input_ids=ids_t, positions=pos_t, attn_metadata=metadata,
-                       logits=LogitsLayout(idx_t, per_req, sample_rows, prompt_rows, spos_t, every_token))
+                       logits=LogitsLayout(idx_t, per_req, sample_rows, prompt_rows, spos_t, every_token),
+                       placeholder_dst=fill_t[0] if fill_t else None, placeholder_src=fill_t[1] if fill_t else None)

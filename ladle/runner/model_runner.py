@@ -1,10 +1,14 @@
 """ModelRunner: loads the model, sizes and allocates the KV cache, and executes one step.
 
-execute(SchedulerOutput) -> RunnerOutput (ladle/core/outputs.py, the step contract):
-    update per-request state (new / finished / preempted) -> build inputs from the ScheduledChunks (input_batch.py:
-    token ids, positions, AttentionMetadata) -> model.forward under set_forward_context(ForwardContext(metadata,
-    KV caches, OpBackends)) or a CUDA-graph replay -> logits at logits_indices -> sampler ->
-    ONE device->host copy (sampled ids, and logprobs packed into the same float32 buffer when asked).
+execute(SchedulerOutput) -> RunnerOutput (ladle/core/outputs.py, the step contract) = wait(launch(SchedulerOutput)):
+    launch: update per-request state (new / finished / preempted) -> build inputs from the ScheduledChunks
+    (input_batch.py: token ids, positions, AttentionMetadata) -> fill placeholder tokens on the device from the
+    previous launched step's sampled ids -> model.forward under set_forward_context(ForwardContext(metadata, KV
+    caches, OpBackends)) or a CUDA-graph replay -> logits at logits_indices -> sampler -> start ONE device->host
+    copy (sampled ids, and logprobs packed into the same float32 buffer when asked) -> a LaunchedStep;
+    wait: the copy done, tokens appended to the request states -> RunnerOutput (launched_step.py).
+Asynchronous scheduling (EngineCore) launches step N+1 before waiting for step N; placeholders of step N+1 always
+refer to the step launched just before it.
 
 Op backends (`--attention-backend`, `--moe-backend`, `--fused-norms`) and the CUDA graph sizes come resolved in
 RunnerConfig (ladle/runner/op_backends.py); `self.backends` is the one OpBackends every forward context carries.
@@ -33,12 +37,13 @@ from ladle.core.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
 from ladle.core.sampling_params import SamplingParams
 from ladle.distributed.parallel_state import all_reduce_min_int
 from ladle.layers.attention.metadata import ForwardContext, set_forward_context
-from ladle.runner.input_batch import BatchInputs, build_batch_inputs
+from ladle.runner.input_batch import BatchInputs, build_batch_inputs, to_device
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
                                    kv_cache_torch_dtype, num_blocks_for_bytes)
+from ladle.runner.launched_step import LaunchedStep
 from ladle.runner.op_backends import op_backends
 from ladle.runner.request_state import RequestState, StaticSampling, build_sampling_tensors, build_static_sampling
-from ladle.runner.sampler import Sampler, compute_logprobs, unpack_logprobs
+from ladle.runner.sampler import Sampler, compute_logprobs
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,6 +86,7 @@ class ModelRunner:
         self._static_cache: Optional[tuple[tuple[int, ...], StaticSampling, Optional[int]]] = None
         self.backends = op_backends(runner_config)  # in every ForwardContext this runner builds
         self.graphs = None  # captured last, after the profiling forward
+        self._last_step: Optional[LaunchedStep] = None  # the latest launch: the source of the next placeholders
 
         capacity = cache_config.kv_cache_memory_bytes
         if capacity is None:
@@ -228,33 +234,58 @@ class ModelRunner:
             state.num_table_blocks, state.table_last_block = n, (block_ids[-1] if n else -1)
         return row
 
-    def _prepare_inputs(self, chunks: list[ScheduledChunk]) -> BatchInputs:
+    def _prepare_inputs(self, chunks: list[ScheduledChunk], placeholder_chunks: list[int]) -> BatchInputs:
         rows = [self._table_row(self.requests[c.request_id], c.block_ids) for c in chunks]
         width = max(len(c.block_ids) for c in chunks)  # gather only the used columns, not max_model_len's worth
-        return build_batch_inputs(chunks, self.block_size, self.device, self._block_table_cpu[rows, :width])
+        placeholders = None
+        if placeholder_chunks:
+            last = self._last_step
+            assert last is not None and last.sampled is not None, "placeholders without a launched step to fill them"
+            placeholders = [(i, last.row_of(chunks[i].request_id)) for i in placeholder_chunks]
+        batch = build_batch_inputs(chunks, self.block_size, self.device, self._block_table_cpu[rows, :width],
+                                   placeholders)
+        if placeholders:  # on the device, stream-ordered after the step that samples them: no host round trip
+            batch.input_ids.index_copy_(0, batch.placeholder_dst,
+                                        self._last_step.sampled.index_select(0, batch.placeholder_src))
+        return batch
 
-    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
-        """Run one step. Returns sampled tokens for sample=True chunks, logprobs when requested.
+        """Run one step synchronously (`wait(launch(scheduler_output))`). Returns sampled tokens for sample=True
+        chunks, logprobs when requested.
 
         Raises whatever the model raises; the engine then fails this step's requests. Per-request state is
         only changed (token appended) after the host copy succeeded.
         """
+        return self.wait(self.launch(scheduler_output))
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
+        """Queue one step on the device and start the copy of its results (module docstring); returns without
+        waiting for the device. Placeholder chunks (`scheduler_output.placeholder_chunks`) take the tokens sampled
+        by the previous launch. Raises whatever building inputs or the model raises."""
         self._update_states(scheduler_output)
         chunks = scheduler_output.chunks
         if not chunks:
-            return RunnerOutput()
+            return LaunchedStep()
         for c in chunks:
             assert c.request_id in self.requests, f"runner has no state for {c.request_id}"
-        batch = self._prepare_inputs(chunks)
+        batch = self._prepare_inputs(chunks, scheduler_output.placeholder_chunks)
         hidden = self._forward(batch, self.kv_caches)  # [T, H]
         layout = batch.logits
         if layout.num_logits == 0:
-            return RunnerOutput()
-        # a decode step sampling every request reads every token's hidden state, in order: no gather needed
-        every_token = layout.every_token and hidden.shape[0] == layout.num_logits
-        logits = self.model.compute_logits(hidden if every_token else hidden[layout.logits_indices])  # [L, V]
-        return self._sample(chunks, batch, logits)
+            step = LaunchedStep()
+        else:
+            # a decode step sampling every request reads every token's hidden state, in order: no gather needed
+            every_token = layout.every_token and hidden.shape[0] == layout.num_logits
+            logits = self.model.compute_logits(hidden if every_token else hidden[layout.logits_indices])  # [L, V]
+            step = self._sample(chunks, batch, logits)
+        self._last_step = step
+        return step
+
+    def wait(self, step: LaunchedStep) -> RunnerOutput:
+        """Block until `step`'s results are on the host; append its tokens to the request states; its
+        RunnerOutput."""
+        return step.finish()
 
     def _sampling_tensors(self, states: list[RequestState], positions, vocab_size: int):
         """SamplingTensors for these rows; the per-composition part is reused while the batch's requests (the
@@ -267,16 +298,7 @@ class ModelRunner:
         _, static, num_top = self._static_cache
         return build_sampling_tensors(states, positions, vocab_size, self.device, static), num_top
 
-    def _to_host(self, sampled: Optional[torch.Tensor], packs: list[torch.Tensor],
-                 num_sampled: int) -> tuple[list[int], list[float]]:
-        """The step's one device->host copy: (sampled ids, the packed logprob floats that follow them)."""
-        if not packs:
-            return (sampled.tolist() if sampled is not None else []), []
-        ids_f = sampled.to(torch.float32) if sampled is not None else packs[0].new_zeros(0)
-        flat = torch.cat([ids_f] + packs).tolist()
-        return [int(x) for x in flat[:num_sampled]], flat[num_sampled:]
-
-    def _sample(self, chunks: list[ScheduledChunk], batch: BatchInputs, logits: torch.Tensor) -> RunnerOutput:
+    def _sample(self, chunks: list[ScheduledChunk], batch: BatchInputs, logits: torch.Tensor) -> LaunchedStep:
         layout = batch.logits
         sample_chunks = chunks if len(layout.sample_rows) == len(chunks) else [c for c in chunks if c.sample]
         states = [self.requests[c.request_id] for c in sample_chunks]
@@ -285,7 +307,9 @@ class ModelRunner:
         num_top = None
         if sample_chunks:
             # without prompt-logprob rows the logits rows are exactly the sampling chunks', in order
-            rows = logits[torch.tensor(layout.sample_rows, device=logits.device)] if layout.prompt_rows else logits
+            rows = logits
+            if layout.prompt_rows:
+                rows = logits[to_device(torch.tensor(layout.sample_rows, dtype=torch.int64), logits.device)]
             positions = layout.sample_positions
             if positions is None:
                 positions = [c.start_position + len(c.token_ids) for c in sample_chunks]
@@ -295,27 +319,10 @@ class ModelRunner:
                 packs.append(compute_logprobs(rows, sampled, num_top).flatten())
         prompt_specs = self._prompt_logprob_specs(chunks, layout.prompt_rows)
         for _, first, count, targets, k in prompt_specs:
-            target_t = torch.tensor(targets, dtype=torch.int64).to(self.device)
+            target_t = to_device(torch.tensor(targets, dtype=torch.int64), self.device)
             packs.append(compute_logprobs(logits[first:first + count], target_t, k).flatten())
-        ids, rest = self._to_host(sampled, packs, len(sample_chunks))
-        out = RunnerOutput()
-        pos = 0
-        if num_top is not None:
-            width = 3 + 2 * num_top
-            for j, (c, s) in enumerate(zip(sample_chunks, states)):
-                if s.sampling_params.logprobs is not None:
-                    out.logprobs[c.request_id] = unpack_logprobs(rest[j * width:(j + 1) * width],
-                                                                 s.sampling_params.logprobs)
-            pos = width * len(sample_chunks)
-        for rid, _, count, _, k in prompt_specs:
-            width = 3 + 2 * k
-            out.prompt_logprobs[rid] = [unpack_logprobs(rest[pos + r * width:pos + (r + 1) * width], k)
-                                        for r in range(count)]
-            pos += width * count
-        out.sampled_token_ids = dict(zip([c.request_id for c in sample_chunks], ids))
-        for s, token in zip(states, ids):
-            s.output_token_ids.append(token)
-        return out
+        return LaunchedStep.start([c.request_id for c in sample_chunks], states, sampled, packs, num_top,
+                                  [(rid, count, k) for rid, _, count, _, k in prompt_specs])
 
     def _prompt_logprob_specs(self, chunks, prompt_rows) -> list[tuple[str, int, int, list[int], int]]:
         """(request_id, first logits row, count, target token ids, num_top) per chunk with prompt logprobs.

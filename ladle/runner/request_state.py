@@ -2,8 +2,14 @@
 
 State lives from the step a request appears in `SchedulerOutput.new_requests` until its id appears in
 `finished_request_ids` or `preempted_request_ids` (a preempted request comes back as a new request with
-its outputs so far). The runner appends each sampled token itself, so penalty counts and min_tokens see
-prompt + outputs without the scheduler re-sending them.
+its outputs so far). The runner appends each sampled token itself when it reaches the host, so penalty counts and
+min_tokens see prompt + outputs without the scheduler re-sending them. Under asynchronous scheduling the next step
+is built before that: `num_pending_outputs` counts the tokens sampled but not yet appended, so the min_tokens rule
+(which needs only the count) stays exact; penalties (which need the values) make the engine run that step
+synchronously (Scheduler.async_ineligible_reason).
+
+Host->device copies go through `input_batch.to_device` (pinned memory and a non-blocking copy on CUDA), so building a
+step never waits for the step in flight.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch
 
 from ladle.core.outputs import NewRequestData
 from ladle.core.sampling_params import SamplingParams
+from ladle.runner.input_batch import to_device
 from ladle.runner.sampler import SamplingTensors
 
 _SERIALS = itertools.count()
@@ -33,6 +40,7 @@ class RequestState:
     table_row: int = -1  # this request's row in the runner's persistent host block table (-1: none yet)
     num_table_blocks: int = 0  # block ids already written to that row
     table_last_block: int = -1  # the last of them (a cheap check that the written prefix is still the table's)
+    num_pending_outputs: int = 0  # tokens sampled by launched steps, not yet appended (they are on their way)
 
     @classmethod
     def from_new(cls, new: NewRequestData, eos_token_ids: Sequence[int],
@@ -58,7 +66,7 @@ class RequestState:
 def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     """Ragged int lists -> [N, max(len, 1)] int64 padded with -1."""
     width = max(1, max(len(r) for r in rows))
-    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).to(device)
+    return to_device(torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64), device)
 
 
 @dataclass
@@ -89,11 +97,11 @@ def build_static_sampling(states: list[RequestState], vocab_size: int, device: t
     sps = [s.sampling_params for s in states]
     temps = [float(sp.temperature) for sp in sps]
     top_k = [min(sp.top_k, vocab_size) for sp in sps]  # 0 = off (as in SamplingParams); k >= vocab keeps all
-    floats = torch.tensor([temps, [sp.top_p for sp in sps], [sp.min_p for sp in sps],
-                           [sp.presence_penalty for sp in sps], [sp.frequency_penalty for sp in sps],
-                           [sp.repetition_penalty for sp in sps]], dtype=torch.float32).to(device)
+    floats = to_device(torch.tensor([temps, [sp.top_p for sp in sps], [sp.min_p for sp in sps],
+                                     [sp.presence_penalty for sp in sps], [sp.frequency_penalty for sp in sps],
+                                     [sp.repetition_penalty for sp in sps]], dtype=torch.float32), device)
     pad = [0] * (len(states) % 2)  # rows of the int64 pack start 16-byte aligned (seeds go to a Triton kernel)
-    ints = torch.tensor([top_k + pad, [s.sample_seed for s in states] + pad], dtype=torch.int64).to(device)
+    ints = to_device(torch.tensor([top_k + pad, [s.sample_seed for s in states] + pad], dtype=torch.int64), device)
     n = len(states)
     has_penalties = any(s.has_penalties for s in states)
     return StaticSampling(
@@ -120,11 +128,12 @@ def build_sampling_tensors(states: list[RequestState], positions: Union[list[int
         static = build_static_sampling(states, vocab_size, device)
     banned = None
     if static.may_ban:
-        rows = [s.banned_before_min if len(s.output_token_ids) < s.sampling_params.min_tokens else []
+        rows = [s.banned_before_min
+                if len(s.output_token_ids) + s.num_pending_outputs < s.sampling_params.min_tokens else []
                 for s in states]
         banned = _padded(rows, device) if any(rows) else None
     if not isinstance(positions, torch.Tensor):
-        positions = torch.tensor(positions, dtype=torch.int64).to(device)
+        positions = to_device(torch.tensor(positions, dtype=torch.int64), device)
     has_pen = static.has_penalties
     return SamplingTensors(
         temperature=static.temperature,

@@ -44,10 +44,11 @@ def tiny_model(seed: int = 0, hf_config: Optional[dict] = None) -> torch.nn.Modu
 def make_bundle(model: torch.nn.Module, *, tokenizer: Any = None, max_model_len: int = 256, block_size: int = 16,
                 num_blocks: int = 64, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                 enable_prefix_caching: bool = True, eos_token_ids: tuple = (), seed: int = 0,
-                runner: Optional[RunnerConfig] = None, kv_cache_dtype: str = "auto") -> EngineBundle:
+                runner: Optional[RunnerConfig] = None, kv_cache_dtype: str = "auto",
+                async_scheduling: bool = False) -> EngineBundle:
     """An EngineBundle around an already built model (skips source resolution and loading). `runner` (default:
     --enforce-eager) is resolved for the CPU here. kv_cache_dtype: a resolved --kv-cache-dtype value; the pool
-    holds `num_blocks` blocks of that dtype."""
+    holds `num_blocks` blocks of that dtype. async_scheduling: --async-scheduling."""
     from ladle.runner.kv_cache import kv_cache_torch_dtype
 
     specs = model.kv_cache_specs()
@@ -57,7 +58,8 @@ def make_bundle(model: torch.nn.Module, *, tokenizer: Any = None, max_model_len:
         model=ModelConfig(device="cpu", dtype="float32", max_model_len=max_model_len, seed=seed),
         cache=CacheConfig(block_size=block_size, kv_cache_memory_bytes=per_block * num_blocks,
                           enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype),
-        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  async_scheduling=async_scheduling),
         runner=resolve_runner_config(runner or RunnerConfig(enforce_eager=True), "cpu", max_num_seqs),
     )
     model_runner = ModelRunner(config.model, config.cache, config.scheduler, config.runner, model, eos_token_ids)

@@ -34,14 +34,16 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def test_incremental_block_table_and_cached_sampling_match_rebuilds(model):
-    bundle = make_bundle(model, num_blocks=14, max_num_batched_tokens=40, max_model_len=128, max_num_seqs=4)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_incremental_block_table_and_cached_sampling_match_rebuilds(model, async_scheduling):
+    bundle = make_bundle(model, num_blocks=14, max_num_batched_tokens=40, max_model_len=128, max_num_seqs=4,
+                         async_scheduling=async_scheduling)
     runner = bundle.core.runner
     real_prepare, real_tensors = runner._prepare_inputs, runner._sampling_tensors
     seen = {"steps": 0, "cache_hits": 0}
 
-    def prepare(chunks):
-        batch = real_prepare(chunks)
+    def prepare(chunks, placeholder_chunks=()):
+        batch = real_prepare(chunks, placeholder_chunks)
         fresh = build_batch_inputs(chunks, runner.block_size, runner.device)  # table from the chunks' block ids
         assert _same(batch.attn_metadata.block_table, fresh.attn_metadata.block_table)
         assert _same(batch.attn_metadata.slot_mapping, fresh.attn_metadata.slot_mapping)

@@ -35,7 +35,7 @@ def test_unsupported_vllm_flag_subprocess():
 @pytest.mark.parametrize("argv,flag", [
     # (--quantization / -q were the examples here until `--quantization fp8` landed: ladle/quant/config.py)
     (["--pipeline-parallel-size=2"], "--pipeline-parallel-size"), (["-pp", "2"], "-pp"),
-    (["--async-scheduling"], "--async-scheduling"),
+    (["--enable-sleep-mode"], "--enable-sleep-mode"),  # (--async-scheduling was the example until it landed)
     (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill"),
     (["m.gguf", "--speculative-config", "{}"], "--speculative-config"),
 ])
