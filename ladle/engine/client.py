@@ -77,7 +77,7 @@ class EngineStats:
     iteration_tokens_counts: tuple = ()  # steps per bucket of core.scheduler.ITERATION_TOKEN_BUCKETS (+ one above)
     iteration_tokens_sum: int = 0  # tokens of those steps
     num_steps: int = 0  # engine steps that ran the model
-    # host seconds per step phase since start: schedule, execute, update (EngineCore.step_host_s) and
+    # host seconds per step phase since start: schedule, execute, wait, update (EngineCore.step_host_s) and
     # process_outputs (detokenization + stop strings, OutputProcessor.process, on the engine's client side)
     step_host_seconds: dict = field(default_factory=dict)
 

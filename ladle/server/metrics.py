@@ -100,8 +100,9 @@ class _EngineCollector:
         yield gauge("ladle:num_total_blocks", "KV blocks in the pool (excluding the null block).", s.num_total_blocks)
         yield counter("ladle:engine_steps", "Engine steps that ran the model.", s.num_steps)
         host = CounterMetricFamily("ladle:step_host_seconds", "Host seconds spent per engine-step phase: schedule, "
-                                   "execute (prepare inputs + forward + sample, synchronous), update, process_outputs "
-                                   "(detokenize + stop strings).", labels=labels + ["phase"])
+                                   "execute (prepare inputs + launch forward and sample; with synchronous steps it also waits for the device), "
+                                   "wait (blocked on a launched step's sampled ids; --async-scheduling), update, "
+                                   "process_outputs (detokenize + stop strings).", labels=labels + ["phase"])
         for phase, seconds in sorted((s.step_host_seconds or {}).items()):
             host.add_metric(values + [str(phase)], float(seconds))
         yield host
