@@ -25,6 +25,7 @@ from ladle.kernels.fp8_quant import MX_GROUP, dequant_mxfp4
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, fused_moe_ref, moe_launch_plan,
                                      moe_tile_cols, moe_tile_rows, store_swigluoai)
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "fused_moe_mxfp4"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); MXFP4 packed experts, x dtype activations")
@@ -152,6 +153,7 @@ def fused_moe_mxfp4_ref(
     return fused_moe_ref(x, w13_d, w2_d, topk_ids, topk_weights, alpha, limit, compute_dtype)
 
 
+@timed_op
 def fused_moe_mxfp4(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
