@@ -15,7 +15,8 @@ op launch of that step (ladle/observe/op_timing.py: CUDA events per launch, eage
 one row, "cuda_graph_replay"). On CPU there is no GPU time (null); host time is the step's wall time, and the
 per-op timer uses the host clock (the config resolver turns --observe-timing off on CPU; tests set it directly).
 Device rates (copy bandwidth, GEMM rate) come from `--observe-copy-bandwidth` / `--observe-gemm-rate` when given,
-else are measured once on CUDA at the first recorded step (ladle/observe/rates.py), else are absent (null) and no roofline is computed.
+else are measured once on CUDA at the first recorded step (ladle/observe/rates.py), else are absent (null) and no
+roofline is computed.
 """
 
 from __future__ import annotations
