@@ -167,7 +167,8 @@ def verdict(spec: dict, before: dict, after: dict) -> dict[str, Any]:
     for i, r in enumerate(ref):
         row = {"prompt": r["prompt"]}
         for phase, run in (("before", before), ("after", after)):
-            c = run["continuations"][i]
+            conts = run["continuations"]
+            c = conts[i] if i < len(conts) else {"text": None, "tokens": []}  # a prompt the run lacks diverges at 0
             pos = first_divergence(r["tokens"], c["tokens"]) if r["tokens"] or c["tokens"] else (
                 None if r["text"] == c["text"] else 0)
             row[phase] = pos
