@@ -87,6 +87,13 @@ class OpTimer:
         dispatch.set_listener(self._label)
         self.active = True
 
+    def abandon(self) -> None:
+        """Stop timing without recording the launches (a sampled step that never finished)."""
+        self.active = False
+        dispatch.set_listener(None)
+        self._recycle(self._frames)
+        self._frames = []
+
     def finish_step(self, step_ms: Optional[float]) -> None:
         """End the sampled step. `step_ms`: the step's time (CUDA events on CUDA, host time on the CPU), charged
         to GRAPH_OP when the step replayed a CUDA graph."""

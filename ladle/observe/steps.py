@@ -72,6 +72,8 @@ class StepObserver:
                 event = torch.cuda.Event(enable_timing=True)
                 event.record()
             op_timing.TIMER.start_step(self._cuda)
+        elif op_timing.TIMER.active:  # the last sampled step never reached end() (it scheduled nothing, or raised)
+            op_timing.TIMER.abandon()
         return time.perf_counter(), event, sampled
 
     def end(self, core: Any, scheduler_output: Any, token: tuple[float, Any, bool]) -> None:

@@ -149,3 +149,18 @@ def test_debug_shapes_serves_the_measured_rows(model):
     assert m["source"] == "host_clock" and m["sampled_steps"]["eager"] > 0
     assert set(m["ops"][0]) == {"op", "bucket", "m_bucket", "n", "k", "total_ms", "samples", "mean_us"}
     assert [r["total_ms"] for r in m["ops"]] == sorted((r["total_ms"] for r in m["ops"]), reverse=True)
+
+
+def test_a_sampled_step_that_never_finishes_is_dropped(model):
+    """begin() of a sampled step, then no end() (the step scheduled nothing): the next, unsampled, step stops the
+    timer and nothing of the first is recorded."""
+    llm = _llm(model, interval=2)
+    obs = steps.OBSERVER
+    while not obs.begin()[2]:  # advance to a sampled begin()
+        pass
+    assert op_timing.TIMER.active
+    assert not obs.begin()[2] and not op_timing.TIMER.active
+    _run(llm, max_tokens=1)  # one prefill step: sampled or not, it is recorded whole
+    snap = op_timing.TIMER.snapshot()
+    assert snap["sampled_steps"]["eager"] in (0, 1)
+    assert sum(r["samples"] for r in snap["ops"] if r["op"] == "qkv_proj") == 2 * snap["sampled_steps"]["eager"]
