@@ -164,3 +164,31 @@ def test_a_sampled_step_that_never_finishes_is_dropped(model):
     snap = op_timing.TIMER.snapshot()
     assert snap["sampled_steps"]["eager"] in (0, 1)
     assert sum(r["samples"] for r in snap["ops"] if r["op"] == "qkv_proj") == 2 * snap["sampled_steps"]["eager"]
+
+
+@pytest.mark.gpu
+def test_cuda_events_time_launches_and_skip_graph_capture():
+    """On CUDA: a timed launch gives a positive event-pair time, read without a synchronize of its own (the rows
+    appear once the events completed); nothing is timed while a CUDA graph is being captured."""
+    timer = op_timing.TIMER
+    timer.reset()
+    x = torch.randn(512, 512, device="cuda")
+    matmul = op_timing.timed_op(lambda a: a @ a)
+    timer.start_step(True)
+    matmul(x)
+    timer.finish_step(None)
+    torch.cuda.synchronize()
+    snap = timer.snapshot()
+    assert snap["source"] == "cuda_events" and snap["sampled_steps"] == {"eager": 1, "graph": 0}
+    assert [r["samples"] for r in snap["ops"]] == [1] and snap["ops"][0]["total_ms"] > 0
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        matmul(x)  # warm-up outside the timer
+    torch.cuda.current_stream().wait_stream(stream)
+    timer.start_step(True)
+    with torch.cuda.graph(graph):
+        matmul(x)
+    timer.finish_step(None)
+    torch.cuda.synchronize()
+    assert [r["samples"] for r in timer.snapshot()["ops"]] == [1]
