@@ -165,6 +165,7 @@ def repeated_work(rec: dict, result: dict) -> tuple[list[str], str]:
              f"launch below repeats once per step, and a reply of 1,000 tokens takes 1,000 steps.", ""]
     lines += _table(["op", "per layer per step", "layers (GEMMs: weights of that kind)", "launches per step", "launches in run",
                      f"s per 1,000-token reply at {LAUNCH_US:g} us/launch"], items)
+    lines += _measured_per_launch(rec, {r[0]: r[3] for r in items})
     plan = rec.get("plan") or {}
     w = t.get("compute.weights_read", 0.0) / steps
     bw = (rec.get("rates") or {}).get("copy_bytes_per_s")
@@ -179,6 +180,27 @@ def repeated_work(rec: dict, result: dict) -> tuple[list[str], str]:
     top = items[0]
     return lines, (f"{top[0]}: {top[1]:.3g} launch(es) in each of {top[2]} layers add {top[-1]:.3g} s to every "
                    f"1,000-token reply at {LAUNCH_US:g} us per launch (all launches: {total:.3g} s).")
+
+
+def _measured_per_launch(rec: dict, per_step: dict[str, float]) -> list[str]:
+    """With --observe-timing: the measured mean time per launch of each op (all its buckets) and what the launches
+    of one step add up to at those times (per 1,000-token reply: x 1,000 steps)."""
+    measured = rec.get("measured") or {}
+    sums: dict[str, list[float]] = {}
+    for r in measured.get("rows") or []:
+        if r["op"] != GRAPH_OP:
+            row = sums.setdefault(r["op"], [0.0, 0])
+            row[0] += r["total_ms"]
+            row[1] += r["samples"]
+    if not sums:
+        return []
+    mean_us = {op: 1e3 * ms / n for op, (ms, n) in sums.items()}
+    step_ms = sum(per_step.get(op, 0.0) * us / 1e3 for op, us in mean_us.items())
+    ranked = sorted(mean_us.items(), key=lambda kv: -kv[1] * per_step.get(kv[0], 0.0))
+    return ["", f"Measured {_time_kind(measured)} per launch on the sampled eager steps: "
+                + ", ".join(f"{op} {us:.3g} us" for op, us in ranked)
+                + f". At these times the launches of a mean step take {step_ms:.3g} ms, i.e. {step_ms:.3g} s per "
+                  f"1,000-token reply."]
 
 
 def bytes_moved(rec: dict) -> tuple[list[str], str]:

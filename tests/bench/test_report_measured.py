@@ -83,3 +83,18 @@ def test_host_clock_rows_are_labelled_host_time():
     rec = diff({"shapes": before, "steps": _steps_record()}, {"shapes": after, "steps": _steps_record()})
     lines, head = local_shapes(rec)
     assert "of the measured host time" in head and any("host time (host clock)" in line for line in lines)
+
+
+def test_repeated_work_adds_the_measured_time_per_launch():
+    from ladle.bench.bottleneck_report import repeated_work
+
+    before, after, add = _snapshots(random.Random(10), "cuda_events")
+    rec = diff({"shapes": before, "steps": _steps_record()}, {"shapes": after, "steps": _steps_record()})
+    rec["totals"]["steps"] = 3.0  # the run's steps (the synthetic step records did not change)
+    lines, _ = repeated_work(rec, {})
+    mean_us = 1e3 * add["qkv_proj"] / 6
+    step_ms = 6 / 3 * mean_us / 1e3  # 6 qkv_proj launches over 3 steps; rmsnorm has no launches in the run
+    line = next(x for x in lines if x.startswith("Measured GPU time (CUDA events) per launch"))
+    assert line.startswith(f"Measured GPU time (CUDA events) per launch on the sampled eager steps: qkv_proj "
+                           f"{mean_us:.3g} us")
+    assert f"a mean step take {step_ms:.3g} ms" in line and "cuda_graph_replay" not in line
