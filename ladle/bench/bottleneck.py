@@ -33,8 +33,8 @@ def _num(d: dict, key: str) -> float:
 
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """The run's record: {"shapes", "kernels", "dispatch", "totals", "by_batch", "history", "rates", "plan",
-    "timing", "open_files", "available"}; available False when the server has no /debug/steps."""
+    """The run's record: {"shapes", "kernels", "measured", "dispatch", "totals", "by_batch", "history", "rates",
+    "plan", "timing", "open_files", "available"}; available False when the server has no /debug/steps."""
     b_steps, a_steps = before.get("steps") or {}, after.get("steps") or {}
     if not isinstance(a_steps, dict) or "totals" not in a_steps:
         return {"available": False}
@@ -52,6 +52,7 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             by_batch[bucket] = d
     return {"available": True, "shapes": _diff_shapes(before.get("shapes") or {}, after.get("shapes") or {}),
             "kernels": _diff_kernels(before.get("shapes") or {}, after.get("shapes") or {}),
+            "measured": _diff_measured(before.get("shapes") or {}, after.get("shapes") or {}),
             "dispatch": _diff_dispatch(before.get("dispatch") or {}, after.get("dispatch") or {}),
             "totals": totals, "by_batch": by_batch, "history": history, "rates": a_steps.get("rates"),
             "plan": a_steps.get("plan"), "timing": a_steps.get("timing"), "open_files": a_steps.get("open_files")}
@@ -72,6 +73,27 @@ def _diff_shapes(before: dict, after: dict) -> list[dict[str, Any]]:
             if row["launches"] > 0:
                 out.append(row)
     return out
+
+
+def _diff_measured(before: dict, after: dict) -> dict[str, Any]:
+    """{"source", "sampled_steps": {"eager", "graph"}, "rows": [{op, bucket, m_bucket, n, k, total_ms, samples,
+    mean_us}]} of the run, largest total_ms first (ladle.observe.op_timing; empty rows without --observe-timing)."""
+    b, a = before.get("measured") or {}, after.get("measured") or {}
+    key = ("op", "bucket", "m_bucket", "n", "k")
+    prev = {tuple(r[f] for f in key): r for r in b.get("ops", [])}
+    rows = []
+    for r in a.get("ops", []):
+        p = prev.get(tuple(r[f] for f in key), {})
+        d = {f: r[f] for f in key}
+        d["total_ms"] = r["total_ms"] - p.get("total_ms", 0.0)
+        d["samples"] = r["samples"] - p.get("samples", 0)
+        if d["samples"] > 0:
+            d["mean_us"] = 1e3 * d["total_ms"] / d["samples"]
+            rows.append(d)
+    rows.sort(key=lambda r: -r["total_ms"])
+    b_steps, a_steps = b.get("sampled_steps") or {}, a.get("sampled_steps") or {}
+    return {"source": a.get("source"), "rows": rows,
+            "sampled_steps": {k: a_steps.get(k, 0) - b_steps.get(k, 0) for k in ("eager", "graph")}}
 
 
 def _diff_kernels(before: dict, after: dict) -> dict[str, dict[str, int]]:

@@ -1,4 +1,5 @@
-"""The PNGs beside report.md: shapes.png (launches per local shape, with modeled time or GFLOP per bucket),
+"""The PNGs beside report.md: shapes.png (launches per local shape, with measured time (--observe-timing) and/or
+modeled time or GFLOP per bucket),
 roofline.png (step time against its byte/FLOP roofline per batch size), queues.png (queue depth and KV usage over
 time). Needs matplotlib; without it no PNG is written and the list is empty (report.md says so via the JSON)."""
 
@@ -37,8 +38,18 @@ def _shapes(ax, rec: dict) -> None:
     ax.set_ylabel("launches")
     twin = ax.twinx()
     timed = rows and all(r["modeled_ms"] is not None for r in rows)
-    twin.plot(list(x), [r["modeled_ms"] if timed else r["flops"] / 1e9 for r in rows], "o", color="tab:red")
-    twin.set_ylabel("modeled ms per bucket" if timed else "GFLOP per bucket (no device rates)")
+    measured = {(m["op"], m["m_bucket"], m["n"], m["k"]): m["total_ms"]
+                for m in (rec.get("measured") or {}).get("rows", []) if m.get("n") is not None}
+    if measured:  # --observe-timing: measured time of the sampled steps per bucket (modeled beside it if known)
+        twin.plot(list(x), [measured.get((r["op"], r["m_bucket"], r["n"], r["k"]), float("nan")) for r in rows],
+                  "x", color="tab:green", label="measured ms (sampled steps)")
+        if timed:
+            twin.plot(list(x), [r["modeled_ms"] for r in rows], "o", color="tab:red", label="modeled ms")
+        twin.set_ylabel("ms per bucket")
+        twin.legend(loc="upper right")
+    else:
+        twin.plot(list(x), [r["modeled_ms"] if timed else r["flops"] / 1e9 for r in rows], "o", color="tab:red")
+        twin.set_ylabel("modeled ms per bucket" if timed else "GFLOP per bucket (no device rates)")
     ax.set_title("local GEMM shapes: launches and time per bucket")
 
 
@@ -51,8 +62,9 @@ def _roofline(ax, rec: dict) -> None:
     ax.plot(xs, step, "o-", label="step time (GPU if timed, else host)")
     if any(v is not None for v in roof):
         ax.plot(xs, [v or float("nan") for v in roof], "s--", label="byte/FLOP roofline")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    if xs:  # a run without steps draws empty axes (log scales need data)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
     ax.set_xlabel("requests in the step (bucket)")
     ax.set_ylabel("ms per step")
     ax.legend()

@@ -4,6 +4,10 @@ Sections (issue 15): `1. Local shapes`, `2. Repeated work`, `3. Bytes moved`, `4
 `Correctness`; each ends with one sentence naming its largest item. Input: the run's record from
 `ladle.bench.bottleneck.diff`, the benchmark result, and the gate result (ladle/bench/gate.py) or None.
 
+Section 1 ranks by measured time per op and bucket when the server ran with --observe-timing (sampled steps; CUDA
+events on eager steps, a CUDA-graph replay as one row; ladle/observe/op_timing.py), else by modeled roofline time
+(or FLOPs without device rates), and says which.
+
 Repeated work assumes LAUNCH_US per kernel launch (the issue's example figure; a CUDA launch costs a few us of host
 time) and counts one decode step per output token per request; it is an estimate from the plan and the run.
 """
@@ -15,6 +19,7 @@ import os
 from typing import Any, Optional
 
 LAUNCH_US = 5.0
+GRAPH_OP = "cuda_graph_replay"  # ladle.observe.op_timing.GRAPH_OP (bench/ may not import observe/)
 SECTIONS = ("1. Local shapes", "2. Repeated work", "3. Bytes moved", "4. Fast paths", "5. Queues", "Correctness")
 
 
@@ -37,16 +42,24 @@ def _token_ops(rec: dict) -> list[str]:
     return [g["name"] for g in plan.get("gemms", []) if g.get("m_source") == "tokens"]
 
 
+def _gemm_key(r: dict) -> tuple:
+    return (r["op"], r["m_bucket"], r["n"], r["k"])
+
+
 def local_shapes(rec: dict) -> tuple[list[str], str]:
     rows = rec["shapes"]
+    measured = rec.get("measured") or {}
+    mrows = measured.get("rows") or []
+    gemm_ms = {_gemm_key(r): r["total_ms"] for r in mrows if r.get("n") is not None}
     timed = bool(rows) and all(r["modeled_ms"] is not None for r in rows)
     weight = (lambda r: r["modeled_ms"]) if timed else (lambda r: r["flops"])
     total = sum(weight(r) for r in rows)
     lines = [f"GEMMs by local shape (N, K after sharding; MoE experts at tokens per expert under uniform routing); "
-             f"share of {'modeled GEMM time (roofline per launch)' if timed else 'GEMM FLOPs (no device rates)'}:", ""]
-    lines += _table(["op", "M <=", "N", "K", "launches", "tokens", "GFLOP", "modeled ms", "share %"],
+             f"share of {'modeled GEMM time (roofline per launch)' if timed else 'GEMM FLOPs (no device rates)'}"
+             f"{'; measured ms on the sampled steps beside it' if gemm_ms else ''}:", ""]
+    lines += _table(["op", "M <=", "N", "K", "launches", "tokens", "GFLOP", "modeled ms", "measured ms", "share %"],
                     [[r["op"], r["m_bucket"], r["n"], r["k"], r["launches"], r["tokens"], r["flops"] / 1e9,
-                      r["modeled_ms"], _pct(weight(r), total)] for r in rows])
+                      r["modeled_ms"], gemm_ms.get(_gemm_key(r)), _pct(weight(r), total)] for r in rows])
     kernels = rec.get("kernels") or {}
     if kernels:
         lines += ["", "Kernel ops (launches per token bucket, from the dispatch record):", ""]
@@ -59,14 +72,73 @@ def local_shapes(rec: dict) -> tuple[list[str], str]:
     t = rec["totals"]
     if t.get("gpu_steps"):
         lines.append(f"GPU time per sampled step: {1e3 * t['gpu_s'] / t['gpu_steps']:.3f} ms over "
-                     f"{int(t['gpu_steps'])} steps (--observe-timing); per-op GPU time is not measured.")
-    else:
-        lines.append("No GPU time (CPU, or --observe-timing off): shares are modeled, not measured.")
+                     f"{int(t['gpu_steps'])} steps (--observe-timing).")
+    if mrows:
+        lines += [""] + measured_table(rec)
+        return lines, _measured_headline(rec)
+    lines.append("No per-op time was measured (--observe-timing off): shares are modeled, not measured.")
     if not rows or not total:
         return lines, "No GEMM ran during the run."
     top = max(rows, key=weight)
     return lines, (f"{top['op']} at M <= {top['m_bucket']} (N={top['n']}, K={top['k']}) is "
-                   f"{_pct(weight(top), total):.0f}% of {'modeled GEMM time' if timed else 'GEMM FLOPs'}.")
+                   f"{_pct(weight(top), total):.0f}% of {'modeled GEMM time' if timed else 'GEMM FLOPs'} (modeled, "
+                   f"not measured).")
+
+
+def _sampled_words(measured: dict) -> str:
+    steps = measured.get("sampled_steps") or {}
+    eager, graph = int(steps.get("eager", 0)), int(steps.get("graph", 0))
+    return (f"measured on {eager + graph} sampled steps: {eager} eager (prefill, mixed, and decode steps that no "
+            f"captured CUDA graph served; the per-op rows come from these only) and {graph} that replayed a CUDA "
+            f"graph (one {GRAPH_OP} row each, their whole step time)")
+
+
+def _time_kind(measured: dict) -> str:
+    return "GPU time (CUDA events)" if measured.get("source") == "cuda_events" else "host time (host clock)"
+
+
+def measured_table(rec: dict) -> list[str]:
+    """Measured time per op and bucket, ranked (ladle/observe/op_timing.py via /debug/shapes)."""
+    measured = rec["measured"]
+    rows = measured["rows"]
+    total = sum(r["total_ms"] for r in rows)
+    lines = [f"Measured {_time_kind(measured)} per op and bucket, {_sampled_words(measured)}:", ""]
+    lines += _table(["op", "bucket", "N", "K", "samples", "total ms", "mean us per launch", "share %",
+                     "% of copy bandwidth"],
+                    [[r["op"], r["bucket"], r["n"], r["k"], r["samples"], r["total_ms"], r["mean_us"],
+                      _pct(r["total_ms"], total), _copy_share(rec, r)] for r in rows])
+    return lines
+
+
+def _copy_share(rec: dict, row: dict) -> Optional[float]:
+    """Bytes of one launch of a GEMM row (weight + input + output at the shape rows' mean M) over its measured
+    mean time, as % of the device copy bandwidth; None for kernel ops, host time or without rates."""
+    bw = (rec.get("rates") or {}).get("copy_bytes_per_s")
+    plan = rec.get("plan") or {}
+    if row.get("n") is None or not bw or (rec.get("measured") or {}).get("source") != "cuda_events":
+        return None
+    count = {g["name"]: g["count"] for g in plan.get("gemms", [])}.get(row["op"], 1)
+    shape = [r for r in rec["shapes"] if _gemm_key(r) == _gemm_key(row)]
+    launches = sum(r["launches"] for r in shape)
+    if not launches or not row["mean_us"]:
+        return None
+    m = sum(r["tokens"] for r in shape) * count / launches  # mean M per launch
+    nbytes = (row["n"] * row["k"] + m * row["k"] + m * row["n"]) * plan.get("act_bytes", 2)
+    return _pct(nbytes / (row["mean_us"] * 1e-6), bw)
+
+
+def _measured_headline(rec: dict) -> str:
+    measured = rec["measured"]
+    rows = measured["rows"]
+    top, total = rows[0], sum(r["total_ms"] for r in rows)
+    shape = f" (N={top['n']}, K={top['k']})" if top.get("n") is not None else ""
+    bw = _copy_share(rec, top)
+    steps = measured.get("sampled_steps") or {}
+    return (f"{top['op']} at {top['bucket'].replace('<=', ' <= ')}{shape} is {_pct(top['total_ms'], total):.0f}% of "
+            f"the measured {_time_kind(measured).split(' (')[0]}"
+            + (f" at {bw:.0f}% of copy bandwidth" if bw is not None else "")
+            + f" (measured on {int(steps.get('eager', 0)) + int(steps.get('graph', 0))} sampled steps, "
+              f"{int(steps.get('eager', 0))} eager).")
 
 
 def repeated_work(rec: dict, result: dict) -> tuple[list[str], str]:
@@ -93,6 +165,7 @@ def repeated_work(rec: dict, result: dict) -> tuple[list[str], str]:
              f"launch below repeats once per step, and a reply of 1,000 tokens takes 1,000 steps.", ""]
     lines += _table(["op", "per layer per step", "layers (GEMMs: weights of that kind)", "launches per step", "launches in run",
                      f"s per 1,000-token reply at {LAUNCH_US:g} us/launch"], items)
+    lines += _measured_per_launch(rec, {r[0]: r[3] for r in items})
     plan = rec.get("plan") or {}
     w = t.get("compute.weights_read", 0.0) / steps
     bw = (rec.get("rates") or {}).get("copy_bytes_per_s")
@@ -107,6 +180,27 @@ def repeated_work(rec: dict, result: dict) -> tuple[list[str], str]:
     top = items[0]
     return lines, (f"{top[0]}: {top[1]:.3g} launch(es) in each of {top[2]} layers add {top[-1]:.3g} s to every "
                    f"1,000-token reply at {LAUNCH_US:g} us per launch (all launches: {total:.3g} s).")
+
+
+def _measured_per_launch(rec: dict, per_step: dict[str, float]) -> list[str]:
+    """With --observe-timing: the measured mean time per launch of each op (all its buckets) and what the launches
+    of one step add up to at those times (per 1,000-token reply: x 1,000 steps)."""
+    measured = rec.get("measured") or {}
+    sums: dict[str, list[float]] = {}
+    for r in measured.get("rows") or []:
+        if r["op"] != GRAPH_OP:
+            row = sums.setdefault(r["op"], [0.0, 0])
+            row[0] += r["total_ms"]
+            row[1] += r["samples"]
+    if not sums:
+        return []
+    mean_us = {op: 1e3 * ms / n for op, (ms, n) in sums.items()}
+    step_ms = sum(per_step.get(op, 0.0) * us / 1e3 for op, us in mean_us.items())
+    ranked = sorted(mean_us.items(), key=lambda kv: -kv[1] * per_step.get(kv[0], 0.0))
+    return ["", f"Measured {_time_kind(measured)} per launch on the sampled eager steps: "
+                + ", ".join(f"{op} {us:.3g} us" for op, us in ranked)
+                + f". At these times the launches of a mean step take {step_ms:.3g} ms, i.e. {step_ms:.3g} s per "
+                  f"1,000-token reply."]
 
 
 def bytes_moved(rec: dict) -> tuple[list[str], str]:
@@ -206,6 +300,12 @@ def correctness(gate: Optional[dict]) -> tuple[list[str], str]:
     if not gate:
         return ["No gate was asked for (--gate gsm8k[:N] or --gate reference FILE)."], "Correctness was not gated."
     lines = [f"Gate: {gate['kind']}; {gate['summary']}"]
+    if gate.get("divergence"):  # --gate reference: first-divergence token per prompt and run (None: identical)
+        lines += ["", "First divergence from the reference (token position; - = identical):", ""]
+        lines += _table(["prompt", "before the load", "after the load"],
+                        [[repr(d["prompt"])[:48].replace("|", "\\|"), d["before"], d["after"]]
+                         for d in gate["divergence"]])
+        lines.append("")
     for d in gate.get("details", [])[:20]:
         lines.append(f"- {d}")
     return lines, f"Correctness gate {'PASSED' if gate['passed'] else 'FAILED'}: {gate['summary']}."

@@ -2,14 +2,15 @@
 
 `observe_snapshot("dispatch")`: ladle.observe.dispatch's counters; `("steps", last=N)`: the step record
 (ladle.observe.steps.OBSERVER.snapshot(last)); `("shapes")`: GEMM shapes per op and M bucket, kernel launches per op
-and token bucket, and the tokens the recorded steps fed. All plain JSON-able dicts (they cross a process boundary).
+and token bucket, the tokens the recorded steps fed, and the measured time per op and bucket (ladle.observe.op_timing;
+empty without --observe-timing). All plain JSON-able dicts (they cross a process boundary).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ladle.observe import dispatch, shapes, steps
+from ladle.observe import dispatch, op_timing, shapes, steps
 
 
 def shapes_snapshot() -> dict:
@@ -19,6 +20,7 @@ def shapes_snapshot() -> dict:
     out = shapes.snapshot()
     out["kernels"] = kernels
     out["tokens_scheduled"] = int(steps.OBSERVER.snapshot(last=0)["totals"].get("tokens", 0))
+    out["measured"] = op_timing.TIMER.snapshot()
     return out
 
 

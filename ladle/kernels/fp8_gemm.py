@@ -36,6 +36,7 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP, MX_GROUP, act_quant, dequant_block_fp8
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "fp8_gemm"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 weight [N, K] + [N, K/128] fp32 scales")
@@ -172,6 +173,7 @@ def fp8_gemm_ineligible(x: torch.Tensor, w_q: torch.Tensor) -> Optional[str]:
     return None
 
 
+@timed_op
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
                *, use_triton: bool) -> torch.Tensor:
     """y = x W^T (+ b) with W block-FP8: x [..., K] float -> activations quantized per token per 128-group

@@ -22,6 +22,7 @@ import torch
 
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "fp8_act_quant"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); x [M, K] contiguous rows")
@@ -173,6 +174,7 @@ def act_quant_triton(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor,
     return q.to(FP8_DTYPE), s
 
 
+@timed_op
 def act_quant(x: torch.Tensor, *, use_triton: bool, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatching entry point (records op "fp8_act_quant", bucket = tokens)."""
     reason: Optional[str] = triton_ok(x)

@@ -30,6 +30,7 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, triton_ok, tl, triton
 from ladle.kernels.moe_align import moe_align_triton
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "fused_moe"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); bf16/fp16/fp32 weights = x dtype")
@@ -277,6 +278,7 @@ def fused_moe_ref(
     return out.to(x.dtype)
 
 
+@timed_op
 def fused_moe(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT, *, use_triton: bool = True,

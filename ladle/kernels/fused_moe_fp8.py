@@ -28,6 +28,7 @@ from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, moe_launch_plan, moe_tile_cols,
                                      moe_tile_rows, swigluoai_ref, store_swigluoai)
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "fused_moe_fp8"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 expert weights + [rows, K/128] fp32 scales")
@@ -179,6 +180,7 @@ def w8a8_moe_ref(
     return out.to(x.dtype)
 
 
+@timed_op
 def fused_moe_fp8(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,

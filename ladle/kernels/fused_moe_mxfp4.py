@@ -35,6 +35,7 @@ from ladle.kernels.fused_moe_fp8 import w8a8_moe_ref
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, fused_moe_ref, moe_launch_plan,
                                      moe_tile_cols, moe_tile_rows, store_swigluoai)
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "fused_moe_mxfp4"
 OP_W4A8 = "fused_moe_mxfp4_w4a8"
@@ -198,6 +199,7 @@ def fused_moe_mxfp4_ref(
     return fused_moe_ref(x, w13_d, w2_d, topk_ids, topk_weights, alpha, limit, compute_dtype)
 
 
+@timed_op
 def fused_moe_mxfp4(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,

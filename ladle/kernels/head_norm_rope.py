@@ -24,6 +24,7 @@ from ladle.kernels._common import decide_triton, triton_ok, tl, triton
 from ladle.kernels.rmsnorm import rms_norm_ref
 from ladle.kernels.rope import rotate_ref
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 dispatch.register("head_norm_rope", "triton",
                   "cuda (or interpreter); x [T, H, D] unit last stride; cos/sin [T, r] contiguous, x's dtype; even r <= D")
@@ -89,6 +90,7 @@ def _head_norm_rope_kernel(
         tl.store(orow + ROT + offs_p[None, :], _round_to(x3 * inv * w3[None, :], dt).to(dt), mask=mp)
 
 
+@timed_op
 def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
                    sin: torch.Tensor, use_triton: bool = True) -> torch.Tensor:
     """x [T, H, D] (any strides with a unit last stride, e.g. a view of a projection output), weight [D] (Gemma

@@ -25,6 +25,7 @@ import torch
 from ladle.kernels._common import (check_cache_pair, decide_triton, fp8_max, is_fp8, quantize_fp8_ref, tl, triton,
                                    triton_ok)
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 dispatch.register(
     "kv_store",
@@ -116,6 +117,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@timed_op
 def store_kvcache(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -155,6 +157,7 @@ def store_kvcache(
             v_scale)
 
 
+@timed_op
 def store_index_kcache(index_k: torch.Tensor, index_key_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
                        index_k_scale: float = 1.0, use_triton: bool = True) -> None:
     """Write MSA index keys in place. index_k [T, index_head_dim] (unit last stride), the cache's dtype or any float

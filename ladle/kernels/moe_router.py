@@ -20,6 +20,7 @@ import torch
 
 from ladle.kernels._common import decide_triton, triton_ok, tl, triton
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "moe_router"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch fp32 matmul")
@@ -122,6 +123,7 @@ def moe_router_ref(
     return ids.to(torch.int32), w.float()
 
 
+@timed_op
 def moe_router(
     x: torch.Tensor, gate_weight: torch.Tensor, e_score_correction_bias: Optional[torch.Tensor], top_k: int,
     routed_scaling_factor: float = 1.0, shared_expert: bool = False, *, use_triton: bool = True,

@@ -60,6 +60,7 @@ from ladle.kernels._common import (check_cache_dtype, decide_triton, dequantize_
 from ladle.kernels.paged_attention import gather_sequence, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "msa_indexer"
 # Below this many requests, find a tile's request with one vector load of query_start_loc instead of a binary
@@ -349,6 +350,7 @@ def msa_indexer_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor,
     return triton_ok(index_q, index_k_cache) or pow2_dot_reason(index_q, index_k_cache, "index_head_dim")
 
 
+@timed_op
 def msa_indexer(
     index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
     query_start_loc: torch.Tensor, topk: int, *, local_blocks: int = 1, index_k_scale: float = 1.0,

@@ -48,6 +48,7 @@ from ladle.kernels.msa_sparse_attention_merge import _merge_kernel, merge_group
 from ladle.kernels.paged_attention import gather_sequence, masked_attention_ref, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 OP = "msa_sparse_attention"
 # Below this many requests, find a token's request with one vector load of query_start_loc instead of a binary
@@ -268,6 +269,7 @@ def msa_sparse_attention_triton(
     return out
 
 
+@timed_op
 def msa_sparse_attention(
     q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
     selected_block_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,

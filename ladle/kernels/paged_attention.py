@@ -28,6 +28,7 @@ from ladle.kernels._common import check_cache_dtype, check_cache_pair, decide_tr
 from ladle.kernels.attention_decode import decode_attention
 from ladle.kernels.attention_prefill import prefill_attention
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -64,6 +65,7 @@ def _check(q, key_cache, value_cache, md) -> None:
     assert md.block_size == key_cache.shape[1], f"metadata block_size {md.block_size} != cache {key_cache.shape[1]}"
 
 
+@timed_op
 def paged_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,

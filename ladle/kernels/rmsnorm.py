@@ -18,6 +18,7 @@ import torch
 
 from ladle.kernels._common import decide_triton, triton_ok, tl, triton
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 dispatch.register("rmsnorm", "triton", "cuda (or interpreter); x [T, H] unit last stride; hidden <= 65536")
 
@@ -45,6 +46,7 @@ def _rmsnorm_kernel(
     tl.store(out_ptr + row * out_stride + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@timed_op
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

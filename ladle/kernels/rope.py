@@ -19,6 +19,7 @@ import torch
 
 from ladle.kernels._common import decide_triton, triton_ok, tl, triton
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 dispatch.register("rope", "triton", "cuda (or interpreter); q/k [T, H, D] unit last stride; even rotary_dim <= D")
 
@@ -52,6 +53,7 @@ def _rope_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, q_stride_t, q_stride_h, k_str
     _rotate_heads(k_ptr, row, k_stride_t, k_stride_h, cos, sin, NUM_K_HEADS, ROT // 2, BLOCK_KH, BLOCK_HALF)
 
 
+@timed_op
 def apply_rope(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -29,6 +29,7 @@ import torch
 
 from ladle.kernels._common import decide_triton, tl, triton, triton_ok  # the guarded import (no Triton: references)
 from ladle.observe import dispatch
+from ladle.observe.op_timing import timed_op
 
 dispatch.register("sample_race", "triton", "cuda (or interpreter); probs [B, V] float32 contiguous")
 
@@ -103,6 +104,7 @@ def race_ref(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> t
     return (probs / -torch.log(u)).argmax(dim=-1)
 
 
+@timed_op
 def race(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, *, use_triton: bool = True) -> torch.Tensor:
     """Draw one token per row from unnormalised probs [B, V] float32 (zeros are never drawn unless a row is all
     zero). seeds, steps [B] int64. Returns [B] int64. The Triton kernel when asked for (`use_triton`) and eligible

@@ -38,6 +38,7 @@ from torch import nn
 
 from ladle.distributed.parallel_state import tensor_model_parallel_all_reduce
 from ladle.layers.quant_slot import scoped_linear_method
+from ladle.observe.op_timing import timed_gemm
 
 
 def head_shard(num_heads: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -99,6 +100,7 @@ class UnquantizedLinearMethod:
                                           device=device), requires_grad=False)
         layer.register_parameter("weight", set_weight_loader(weight, weight_loader, shard_dim))
 
+    @timed_gemm
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [..., in_per_rank] -> [..., out_per_rank] in x's dtype."""
         return F.linear(x, layer.weight, bias)

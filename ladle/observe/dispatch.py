@@ -25,12 +25,13 @@ replay (op "cuda_graph_decode").
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 _LOCK = threading.Lock()
 _PATHS: dict[str, dict] = {}  # op -> {"path": name, "rule": text}
 _COUNTS: dict[tuple[str, str], list[int]] = {}  # (op, bucket) -> [configured, eligible, executed, calls]
 _REASONS: dict[tuple[str, str], int] = {}  # (op, reason) -> count
+_listener: Optional[Callable[[str, str], None]] = None  # told (op, bucket) of every decision (set_listener)
 
 
 def register(op: str, path: str, rule: str) -> None:
@@ -38,6 +39,13 @@ def register(op: str, path: str, rule: str) -> None:
     Re-registering the same op replaces the description (module reloads are harmless)."""
     with _LOCK:
         _PATHS[op] = {"path": path, "rule": rule}
+
+
+def set_listener(fn: Optional[Callable[[str, str], None]]) -> None:
+    """Have `fn(op, bucket)` called on every recorded decision (None: nobody). ladle.observe.op_timing sets it
+    during a sampled step to label the launch it is timing with the op's own decision."""
+    global _listener
+    _listener = fn
 
 
 def decide(op: str, bucket: str, *, configured: bool, ineligible_reason: Optional[str]) -> bool:
@@ -64,6 +72,8 @@ def record(op: str, bucket: str, *, configured: bool, eligible: bool, executed: 
 def _count(op: str, bucket: str, configured: bool, eligible: bool, executed: bool,
            fallback_reason: Optional[str]) -> None:
     """Add one call to the (op, bucket) row, and one to (op, fallback_reason) unless that is None."""
+    if _listener is not None:
+        _listener(op, bucket)
     with _LOCK:
         row = _COUNTS.setdefault((op, bucket), [0, 0, 0, 0])
         row[0] += int(configured)

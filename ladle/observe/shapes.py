@@ -4,7 +4,8 @@ time (roofline seconds of those launches, when the device rates are known).
 Stdlib only. M is bucketed to the next power of two ("M<=32"); N and K are exact (a layer's local weight shape
 after tensor parallelism). Recorded by `ladle.observe.steps` from the model's plan once per step (one dict update
 per GEMM kind, not per launch); kernel ops that record dispatch decisions appear beside them with their dispatch
-call counts per token bucket (`ladle.observe.dispatch`), which count one per launch.
+call counts per token bucket (`ladle.observe.dispatch`), which count one per launch. Measured time per op and
+bucket (--observe-timing, sampled steps) is ladle.observe.op_timing's; its GEMM rows use these keys.
 """
 
 from __future__ import annotations

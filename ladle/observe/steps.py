@@ -10,10 +10,13 @@ Steps that schedule nothing return before `end` and are not recorded. Served as 
 benchmarks/observe_cost.py and tests/observe/test_steps.py; about 20-40 us per step on the CPU test machine).
 
 GPU time: with `--observe-timing`, every `--observe-timing-interval`-th step brackets the step with two CUDA
-events (the step ends in a device->host copy anyway, so reading the pair adds no sync of its own). On CPU there is
-no GPU time (null); host time is the step's wall time. Device rates (copy bandwidth, GEMM rate) come from
-`--observe-copy-bandwidth` / `--observe-gemm-rate` when given, else are measured once on CUDA at the first
-recorded step (ladle/observe/rates.py), else are absent (null) and no roofline is computed.
+events (the step ends in a device->host copy anyway, so reading the pair adds no sync of its own) and times each
+op launch of that step (ladle/observe/op_timing.py: CUDA events per launch, eager steps only; a graph replay is
+one row, "cuda_graph_replay"). On CPU there is no GPU time (null); host time is the step's wall time, and the
+per-op timer uses the host clock (the config resolver turns --observe-timing off on CPU; tests set it directly).
+Device rates (copy bandwidth, GEMM rate) come from `--observe-copy-bandwidth` / `--observe-gemm-rate` when given,
+else are measured once on CUDA at the first recorded step (ladle/observe/rates.py), else are absent (null) and no
+roofline is computed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from ladle.observe import shapes
+from ladle.observe import op_timing, shapes
 from ladle.observe.plan import (ModelPlan, StepBatch, plan_from_model, plane_totals, roofline_seconds,
                                 step_bytes, step_gemm_shapes)
 
@@ -57,18 +60,23 @@ class StepObserver:
 
     # ---- the hook --------------------------------------------------------------------------------------
 
-    def begin(self) -> tuple[float, Any]:
-        """Start a step: (perf_counter, CUDA start event or None)."""
+    def begin(self) -> tuple[float, Any, bool]:
+        """Start a step: (perf_counter, CUDA start event or None, sampled). A sampled step (every
+        timing_interval-th) also times each op launch (ladle.observe.op_timing)."""
         self._index += 1
-        event = None
-        if self.timing_interval and self._index % self.timing_interval == 0:
-            import torch
+        event, sampled = None, bool(self.timing_interval) and self._index % self.timing_interval == 0
+        if sampled:
+            if self._cuda:
+                import torch
 
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-        return time.perf_counter(), event
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+            op_timing.TIMER.start_step(self._cuda)
+        elif op_timing.TIMER.active:  # the last sampled step never reached end() (it scheduled nothing, or raised)
+            op_timing.TIMER.abandon()
+        return time.perf_counter(), event, sampled
 
-    def end(self, core: Any, scheduler_output: Any, token: tuple[float, Any]) -> None:
+    def end(self, core: Any, scheduler_output: Any, token: tuple[float, Any, bool]) -> None:
         """Record the step `core` just ran for `scheduler_output` (ladle.core.outputs.SchedulerOutput). A failure
         here is logged once and never reaches the engine loop (observing must not stop serving)."""
         try:
@@ -78,7 +86,7 @@ class StepObserver:
                 self._failed = True
                 logger.exception("step recording failed; /debug/steps may be incomplete")
 
-    def _end(self, core: Any, scheduler_output: Any, token: tuple[float, Any]) -> None:
+    def _end(self, core: Any, scheduler_output: Any, token: tuple[float, Any, bool]) -> None:
         gpu_ms = None
         if token[1] is not None:
             import torch
@@ -87,8 +95,10 @@ class StepObserver:
             stop.record()
             stop.synchronize()
             gpu_ms = token[1].elapsed_time(stop)
+        if token[2]:  # a graph replay's time: the step's GPU time (CUDA), else its host time so far
+            op_timing.TIMER.finish_step(gpu_ms if token[1] is not None else (time.perf_counter() - token[0]) * 1e3)
         if self._core_id != id(core):
-            self._attach(core)
+            self.attach(core)
         chunks = scheduler_output.chunks
         seq_lens, num_tokens, sampled, prefill = [], 0, 0, 0
         for c in chunks:  # one pass: this loop is most of the recording cost at large batches
@@ -120,7 +130,7 @@ class StepObserver:
 
     # ---- internals ---------------------------------------------------------------------------------------
 
-    def _attach(self, core: Any) -> None:
+    def attach(self, core: Any) -> None:
         """Plan from the core's runner (duck-typed: .model, .kv_cache_specs, .dtype, .runner_config, .device)."""
         runner = core.runner
         self._core_id = id(core)
@@ -136,7 +146,9 @@ class StepObserver:
         device = str(getattr(runner, "device", "cpu"))
         self._cuda = device.startswith("cuda")
         self.timing_interval = (int(getattr(cfg, "observe_timing_interval", 16) or 1)
-                                if self._cuda and getattr(cfg, "observe_timing", False) else 0)
+                                if getattr(cfg, "observe_timing", False) else 0)
+        if self.timing_interval and hasattr(model, "named_modules"):
+            op_timing.TIMER.name_modules(model)  # GEMM rows are labelled by layer name
         from ladle.observe.rates import resolve_rates
 
         self.rates = resolve_rates(device, getattr(cfg, "observe_copy_bandwidth", 0.0),
@@ -193,8 +205,9 @@ class StepObserver:
         if last is not None:
             hist = hist[-last:] if last > 0 else []
         return {"totals": totals, "by_batch": by_batch, "history": hist, "rates": dict(self.rates),
-                "timing": {"gpu_timing": bool(self.timing_interval), "interval": self.timing_interval,
-                           "device": "cuda" if self._cuda else "cpu"},
+                "timing": {"gpu_timing": bool(self.timing_interval and self._cuda), "interval": self.timing_interval,
+                           "device": "cuda" if self._cuda else "cpu",
+                           "op_timing": op_timing.TIMER.source if self.timing_interval else None},
                 "plan": self.plan.to_dict() if self.plan is not None else None,
                 "open_files": open_files()}
 

@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 import torch
 
 from ladle.layers.attention.metadata import AttentionMetadata, ForwardContext, OpBackends, set_forward_context
-from ladle.observe import dispatch
+from ladle.observe import dispatch, op_timing
 
 logger = logging.getLogger(__name__)
 
@@ -177,5 +177,6 @@ class CudaGraphRunner:
             self.positions[num_reqs:bucket].zero_()
             self.slot_mapping[num_reqs:bucket].fill_(-1)
             self.seq_lens[num_reqs:bucket].zero_()
+        op_timing.note_graph_replay(dispatch.tokens_bucket(num_reqs))  # per-op times come from eager steps only
         self.graphs[bucket].replay()
         return self.outputs[bucket][:num_reqs]

@@ -7,7 +7,10 @@
                      model's plan and the open-files limit.
 /debug/shapes        {"gemm": local GEMM shapes per op and M bucket (ladle.observe.shapes), "kernels": the
                      dispatch call counts per op and token bucket (one per launch), "tokens_scheduled": the
-                     tokens the recorded steps fed}.
+                     tokens the recorded steps fed, "measured": with --observe-timing, total ms, samples and mean
+                     us per launch per (op, bucket) over the sampled steps, their source ("cuda_events" or
+                     "host_clock") and the sampled steps counted eager / CUDA graph (ladle.observe.op_timing;
+                     per-op rows come from eager steps only, a graph replay is one "cuda_graph_replay" row)}.
 The records live where the engine core runs: an app whose engine has `observe_snapshot` (the engine-core process
 client, ladle/engine/core_client.py) asks it; otherwise they are read in this process.
 /debug/dispatch stays in api.py.

@@ -1,4 +1,5 @@
-"""Fixtures for the benchmark tests: a scripted fake OpenAI server on 127.0.0.1 (see fake_server.py)."""
+"""Fixtures for the benchmark tests: a scripted fake OpenAI server on 127.0.0.1 (see fake_server.py); tests/engine
+on the path for its SmolLM2 engine helpers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.append(os.path.join(os.path.dirname(__file__), os.pardir, "engine"))  # tests/engine/helpers.py (SmolLM2)
 
 from fake_server import FakeServer  # noqa: E402
 

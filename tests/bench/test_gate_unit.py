@@ -53,3 +53,37 @@ def test_verdicts(tmp_path):
     v = gate.verdict(spec, run, other)
     assert not v["passed"] and v["details"] == ["after: 'a' diverges at token 2"]
     assert gate.first_divergence(["a"], ["a", "b"]) == 1 and gate.first_divergence(["a"], ["a"]) is None
+
+
+def test_flexible_match_takes_the_last_number():
+    assert gate.flexible_answer("3 + 4 = 7 apples, so $1,200.") == "1200"
+    assert gate.flexible_answer("first 12 then 5") == "5"
+    assert gate.flexible_answer("no digits") is None
+    assert gate.answers_of(" 2 + 3 = 5.\n#### 5\n\nQuestion: 9 apples") == ("5", "5")
+    assert gate.answers_of(" it is 41 or 42") == (None, "42")
+
+
+def test_gsm8k_verdict_fails_when_a_flexible_answer_changes():
+    spec = {"kind": "gsm8k", "n": 2}
+    before = {"answers": [None, "3"], "flexible": ["8", "3"], "gold": ["7", "3"], "accuracy": 0.5,
+              "flexible_accuracy": 0.5}
+    after = dict(before, flexible=["7", "3"], flexible_accuracy=1.0)
+    v = gate.verdict(spec, before, after)
+    assert not v["passed"] and v["changed"] == [] and v["changed_flexible"] == [0]
+    assert v["flexible_accuracy_after"] == 1.0 and "question 0 (flexible): '8' -> '7'" in v["details"]
+
+
+def test_reference_verdict_carries_first_divergence_positions(tmp_path):
+    ref = tmp_path / "ref.json"
+    gate.save(str(ref), {"continuations": [{"prompt": "a", "text": "xyz", "tokens": ["x", "y", "z"]},
+                                           {"prompt": "b", "text": "pq", "tokens": ["p", "q"]}]})
+    run = {"continuations": [{"prompt": "a", "text": "xyz", "tokens": ["x", "y", "z"]},
+                             {"prompt": "b", "text": "p", "tokens": ["p"]}]}
+    other = {"continuations": [{"prompt": "a", "text": "xw", "tokens": ["x", "w"]},
+                               {"prompt": "b", "text": "pq", "tokens": ["p", "q"]}]}
+    v = gate.verdict({"kind": "reference", "file": str(ref)}, run, other)
+    assert v["divergence"] == [{"prompt": "a", "before": None, "after": 1}, {"prompt": "b", "before": 1, "after": None}]
+    from ladle.bench.bottleneck_report import correctness
+
+    lines, head = correctness({k: x for k, x in v.items() if k not in ("before", "after")})
+    assert "| 'a' | - | 1 |" in lines and "| 'b' | 1 | - |" in lines and head.startswith("Correctness gate FAILED")

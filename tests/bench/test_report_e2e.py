@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from gsm8k_format import write_gsm8k_format  # tests/bench/gsm8k_format.py
 from ladle_serve_process import LadleServeProcess  # tests/ladle_serve_process.py
 
 pytestmark = pytest.mark.slow
@@ -42,19 +43,9 @@ def _bench(url: str, tmp_path: pathlib.Path, name: str, extra: list[str]) -> dic
     return json.loads((tmp_path / name).read_text())
 
 
-def _gsm8k_format_data(path: pathlib.Path) -> pathlib.Path:
-    """5 shots + 5 questions in GSM8K's JSONL layout (answer ends in "#### <final>"), written here so the test runs
-    in a clone without the third-party data (the gate's mechanism is under test, not the model's maths)."""
-    rows = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
-             "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"} for a, b in
-            [(2, 3), (4, 1), (7, 2), (5, 5), (3, 6), (1, 1), (8, 1), (2, 2), (6, 3), (4, 4)]]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def test_report_and_gates_against_ladle_serve(ladle_server, tmp_path):
     out, ref = tmp_path / "report", tmp_path / "gate_ref.json"
-    data = _gsm8k_format_data(tmp_path / "gsm8k_format.jsonl")
+    data = write_gsm8k_format(tmp_path / "gsm8k_format.jsonl")
     r = _bench(ladle_server, tmp_path, "a.json", ["--report", str(out), "--gate", "gsm8k:5", "--gate-data",
                                                   str(data), "--gate-max-tokens", "48", "--save-gate", str(ref)])
     md = (out / "report.md").read_text()

@@ -5,17 +5,17 @@ Passes over the same 8 prompts x 32 new tokens, sharing one loaded model (schedu
   C. all in one batch with max_num_batched_tokens=16 (chunked prefill) and prefix caching on;
   D. C again: prefixes now cached (every prompt must report cached tokens; no token may change).
 The reference is teacher-forced (see Reference). A first divergence is tolerated only at a near-tie: the
-reference's top-2 logit gap < 1e-4 and each side's token in the other's top-5 (logged).
+reference's top-2 logit gap < 1e-4 and each side's token in the other's top-5 (logged; tests/greedy_parity.py).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import torch
 
+from greedy_parity import ladle_top_tokens, near_tie, transformers_gguf_model  # tests/greedy_parity.py
 from helpers import smollm2_bundle, smollm2_gguf
 
 from ladle.config import SchedulerConfig
@@ -49,11 +49,7 @@ class Reference:
     choice at every step ladle took (cached per sequence: near-tie divergences are rare)."""
 
     def __init__(self) -> None:
-        from transformers import AutoModelForCausalLM
-
-        path = smollm2_gguf()
-        self.model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                          dtype=torch.float32).eval()
+        self.model = transformers_gguf_model(smollm2_gguf())
         self._cache: dict[tuple, torch.Tensor] = {}
 
     def step_logits(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
@@ -99,11 +95,7 @@ def _check(outputs, prompts, reference: Reference, label: str) -> None:
         for i, (a, b) in enumerate(zip(got, ref_tokens)):
             if a == b:
                 continue
-            top2 = torch.topk(ref_logits[i], 2).values
-            gap = float(top2[0] - top2[1])
-            ref_top5 = torch.topk(ref_logits[i], 5).indices.tolist()
-            ladle_top5 = [e[0] for e in out.outputs[0].logprobs[i][1:6]]
-            ok = gap < 1e-4 and a in ref_top5 and b in ladle_top5
+            ok, gap = near_tie(ref_logits[i], a, b, ladle_top_tokens(out.outputs[0].logprobs[i]))
             log.warning("%s prompt %d diverges at token %d: ladle %d, reference %d, ref top-2 gap %.2e -> %s",
                         label, p, i, a, b, gap, "tolerated near-tie" if ok else "FAIL")
             assert ok, f"{label}: prompt {p} diverges at new token {i} (ladle {a}, ref {b}, gap {gap:.3e})"

@@ -65,7 +65,7 @@ def test_debug_steps_and_shapes_json(model, client):
     assert sum(r["steps"] for r in body["by_batch"].values()) == body["totals"]["steps"]
     assert len(client.get("/debug/steps?last=2").json()["history"]) == 2
     sh = client.get("/debug/shapes").json()
-    assert set(sh) == {"gemm", "kernels", "tokens_scheduled"} and sh["tokens_scheduled"] == fed
+    assert set(sh) == {"gemm", "kernels", "tokens_scheduled", "measured"} and sh["tokens_scheduled"] == fed
     for op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
         assert sum(r["tokens"] for r in sh["gemm"][op]) == fed
         assert sum(r["launches"] for r in sh["gemm"][op]) == 2 * body["totals"]["steps"]  # 2 layers
