@@ -32,8 +32,10 @@ Measured, all in this one run:
   --warm + --steps decode steps with all B requests running are timed (CUDA-graph replays), per step: wall clock of
   `EngineCore.step` (host: schedule, input prep, launches, sampling, the one host copy; no detokenizer), GPU time of
   the forward (events around the graph replay incl. its input copy-in), GPU span of logits + sampling, and GPU idle =
-  wall - forward - head (the engine is synchronous, so this is host-only time). Then --rec-steps decode steps run
-  eagerly with the routing recorded (the same router math, in torch) to count distinct routed experts per MoE layer.
+  wall - forward - head (the engine is synchronous, so this is host-only time); host spans (JSON only): sched_ms
+  (Scheduler.schedule, in prep), update_ms (Scheduler.update) and obs_ms (the observe record, ladle/observe/steps.py
+  `end`), both in post. Then --rec-steps decode steps run eagerly with the routing recorded (the same router math,
+  in torch) to count distinct routed experts per MoE layer.
 * byte roofline per decode step (bf16): all non-expert weights (attention and indexer projections, dense MLPs,
   routers in fp32, shared experts, lm_head over the full 200064 vocab, norms, the B embedding rows) + distinct routed
   experts per layer x expert bytes + KV read (dense layers: the whole context; MSA layers: min(top-k, blocks) x 128
@@ -95,6 +97,27 @@ class ProxyTimer(_StepTimer):
                 self.cur["head1"], self.cur["cpu_head1"] = self._mark(), time.perf_counter()
             return out
         model.compute_logits, runner._sample = logits, sample
+        # host spans inside prep / post (ms): Scheduler.schedule, Scheduler.update, the per-step observe record (trees
+        # with ladle/observe/steps.py; EngineCore.step looks `end` up on the module at each call)
+        self.host, self.wrapped = {}, []
+        try:
+            from ladle.observe import steps as observe_steps
+        except ImportError:
+            observe_steps = None
+        for owner, name, key in ((core.scheduler, "schedule", "sched_ms"), (core.scheduler, "update", "update_ms"),
+                                 (observe_steps, "end", "obs_ms")):
+            if owner is not None and hasattr(owner, name):
+                self.wrapped.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, self._host_span(getattr(owner, name), key))
+
+    def _host_span(self, fn, key):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.host[key] = self.host.get(key, 0.0) + (time.perf_counter() - t) * 1e3
+        return timed
 
     def _mark(self):
         if not self.cuda:
@@ -118,13 +141,13 @@ class ProxyTimer(_StepTimer):
         return out
 
     def _step(self):
-        self.cur = None
+        self.cur, self.host = None, {}
         t = time.perf_counter()
         res = self.orig_step()
         end = time.perf_counter()
         if self.cur is not None:
             self.cur.update(wall_ms=(end - t) * 1e3, prep_ms=(self.cur["cpu_fwd0"] - t) * 1e3,
-                            post_ms=(end - self.cur.get("cpu_head1", end)) * 1e3)
+                            post_ms=(end - self.cur.get("cpu_head1", end)) * 1e3, **self.host)
             self.rows.append(self.cur)
         return res
 
@@ -135,11 +158,14 @@ class ProxyTimer(_StepTimer):
         fwd = self._ms(row["fwd0"], row["fwd1"])
         head = self._ms(row["head0"], row["head1"]) if "head1" in row else 0.0
         return dict(wall_ms=row["wall_ms"], fwd_ms=fwd, head_ms=head, idle_ms=row["wall_ms"] - fwd - head,
-                    prep_ms=row["prep_ms"], post_ms=row["post_ms"])
+                    prep_ms=row["prep_ms"], post_ms=row["post_ms"],
+                    **{k: row.get(k, 0.0) for k in ("sched_ms", "update_ms", "obs_ms")})
 
     def restore(self):
         super().restore()
         self.runner.model.compute_logits, self.runner._sample = self.orig_logits, self.orig_sample
+        for owner, name, fn in reversed(self.wrapped):
+            setattr(owner, name, fn)
 
 
 class RouteRecorder:
