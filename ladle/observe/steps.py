@@ -153,7 +153,7 @@ class StepObserver:
         kv_read / index_k_read follow its context, `context_bytes`), so they are computed once per pair for the
         current plan and rates; a decode batch repeats its pair every step."""
         bw, rate = self.rates["copy_bytes_per_s"], self.rates["gemm_flop_per_s"]
-        if self._constants_for != (self.plan, bw, rate) or len(self._constants) >= 4096:
+        if self._constants_for != (self.plan, bw, rate) or len(self._constants) >= 1024:
             self._constants, self._constants_for = {}, (self.plan, bw, rate)
         hit = self._constants.get((num_tokens, num_sampled))
         if hit is None:
