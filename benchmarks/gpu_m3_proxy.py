@@ -7,6 +7,9 @@ is in its preinstalled python3; JSON and log land in $OUT; about 100 s on an H20
     export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 && set -o pipefail &&
     python3 benchmarks/gpu_m3_proxy.py --out $OUT/m3_proxy.json 2>&1 | tee $OUT/m3_proxy.log
 
+The script imports the ladle beside it: to A/B an older tree (back to a7214e7), copy this file into that tree's
+benchmarks/ and run both in one call, alternating.
+
 CPU smoke (tiny preset, 3 of 4 layers, no graphs; runs the script end to end on the engine's CPU path, i.e. the torch
 reference ops: the Triton kernels, the fused norms and the profiler run on CUDA only; --smoke overrides --batches): `.venv/bin/python benchmarks/gpu_m3_proxy.py
 --smoke --out /tmp/m3_proxy_smoke.json`.
@@ -437,7 +440,7 @@ def main(argv=None) -> int:
     cfg = model.config  # parsed by the engine from config.json + the overrides
     assert cfg.num_hidden_layers == layers == len(model.layers), "the --hf-overrides did not apply"
     wb = weight_bytes(model)
-    kv_elt = torch.empty(0, dtype=runner.kv_dtype).element_size()  # --kv-cache-dtype (1 byte for fp8)
+    kv_elt = torch.empty(0, dtype=getattr(runner, "kv_dtype", model.dtype)).element_size()  # --kv-cache-dtype (fp8: 1)
     res = dict(device=device, argv=sys.argv[1:], preset=args.preset, layers=layers, ctx=args.ctx,
                quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                fused_norms=not args.no_fused_norms, copy_gbps=bw, gemm_tflops=tf,
