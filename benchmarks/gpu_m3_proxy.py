@@ -7,6 +7,9 @@ is in its preinstalled python3; JSON and log land in $OUT; about 100 s on an H20
     export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 && set -o pipefail &&
     python3 benchmarks/gpu_m3_proxy.py --out $OUT/m3_proxy.json 2>&1 | tee $OUT/m3_proxy.log
 
+The script imports the ladle beside it: to A/B an older tree (back to a7214e7), copy this file into that tree's
+benchmarks/ and run both in one call, alternating.
+
 CPU smoke (tiny preset, 3 of 4 layers, no graphs; runs the script end to end on the engine's CPU path, i.e. the torch
 reference ops: the Triton kernels, the fused norms and the profiler run on CUDA only; --smoke overrides --batches): `.venv/bin/python benchmarks/gpu_m3_proxy.py
 --smoke --out /tmp/m3_proxy_smoke.json`.
@@ -32,8 +35,10 @@ Measured, all in this one run:
   --warm + --steps decode steps with all B requests running are timed (CUDA-graph replays), per step: wall clock of
   `EngineCore.step` (host: schedule, input prep, launches, sampling, the one host copy; no detokenizer), GPU time of
   the forward (events around the graph replay incl. its input copy-in), GPU span of logits + sampling, and GPU idle =
-  wall - forward - head (the engine is synchronous, so this is host-only time). Then --rec-steps decode steps run
-  eagerly with the routing recorded (the same router math, in torch) to count distinct routed experts per MoE layer.
+  wall - forward - head (the engine is synchronous, so this is host-only time); host spans (JSON only): sched_ms
+  (Scheduler.schedule, in prep), update_ms (Scheduler.update) and obs_ms (the observe record, ladle/observe/steps.py
+  `end`), both in post. Then --rec-steps decode steps run eagerly with the routing recorded (the same router math,
+  in torch) to count distinct routed experts per MoE layer.
 * byte roofline per decode step (bf16): all non-expert weights (attention and indexer projections, dense MLPs,
   routers in fp32, shared experts, lm_head over the full 200064 vocab, norms, the B embedding rows) + distinct routed
   experts per layer x expert bytes + KV read (dense layers: the whole context; MSA layers: min(top-k, blocks) x 128
@@ -95,6 +100,27 @@ class ProxyTimer(_StepTimer):
                 self.cur["head1"], self.cur["cpu_head1"] = self._mark(), time.perf_counter()
             return out
         model.compute_logits, runner._sample = logits, sample
+        # host spans inside prep / post (ms): Scheduler.schedule, Scheduler.update, the per-step observe record (trees
+        # with ladle/observe/steps.py; EngineCore.step looks `end` up on the module at each call)
+        self.host, self.wrapped = {}, []
+        try:
+            from ladle.observe import steps as observe_steps
+        except ImportError:
+            observe_steps = None
+        for owner, name, key in ((core.scheduler, "schedule", "sched_ms"), (core.scheduler, "update", "update_ms"),
+                                 (observe_steps, "end", "obs_ms")):
+            if owner is not None and hasattr(owner, name):
+                self.wrapped.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, self._host_span(getattr(owner, name), key))
+
+    def _host_span(self, fn, key):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.host[key] = self.host.get(key, 0.0) + (time.perf_counter() - t) * 1e3
+        return timed
 
     def _mark(self):
         if not self.cuda:
@@ -118,13 +144,13 @@ class ProxyTimer(_StepTimer):
         return out
 
     def _step(self):
-        self.cur = None
+        self.cur, self.host = None, {}
         t = time.perf_counter()
         res = self.orig_step()
         end = time.perf_counter()
         if self.cur is not None:
             self.cur.update(wall_ms=(end - t) * 1e3, prep_ms=(self.cur["cpu_fwd0"] - t) * 1e3,
-                            post_ms=(end - self.cur.get("cpu_head1", end)) * 1e3)
+                            post_ms=(end - self.cur.get("cpu_head1", end)) * 1e3, **self.host)
             self.rows.append(self.cur)
         return res
 
@@ -135,11 +161,14 @@ class ProxyTimer(_StepTimer):
         fwd = self._ms(row["fwd0"], row["fwd1"])
         head = self._ms(row["head0"], row["head1"]) if "head1" in row else 0.0
         return dict(wall_ms=row["wall_ms"], fwd_ms=fwd, head_ms=head, idle_ms=row["wall_ms"] - fwd - head,
-                    prep_ms=row["prep_ms"], post_ms=row["post_ms"])
+                    prep_ms=row["prep_ms"], post_ms=row["post_ms"],
+                    **{k: row.get(k, 0.0) for k in ("sched_ms", "update_ms", "obs_ms")})
 
     def restore(self):
         super().restore()
         self.runner.model.compute_logits, self.runner._sample = self.orig_logits, self.orig_sample
+        for owner, name, fn in reversed(self.wrapped):
+            setattr(owner, name, fn)
 
 
 class RouteRecorder:
@@ -411,7 +440,7 @@ def main(argv=None) -> int:
     cfg = model.config  # parsed by the engine from config.json + the overrides
     assert cfg.num_hidden_layers == layers == len(model.layers), "the --hf-overrides did not apply"
     wb = weight_bytes(model)
-    kv_elt = torch.empty(0, dtype=runner.kv_dtype).element_size()  # --kv-cache-dtype (1 byte for fp8)
+    kv_elt = torch.empty(0, dtype=getattr(runner, "kv_dtype", model.dtype)).element_size()  # --kv-cache-dtype (fp8: 1)
     res = dict(device=device, argv=sys.argv[1:], preset=args.preset, layers=layers, ctx=args.ctx,
                quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                fused_norms=not args.no_fused_norms, copy_gbps=bw, gemm_tflops=tf,

@@ -205,7 +205,6 @@ def step_bytes(plan: ModelPlan, batch: StepBatch) -> dict[str, dict[str, float]]
         acts += pairs * (moe.hidden + 2 * moe.inter_local + moe.inter_local + moe.hidden) * a * moe.layers
         flops += 2.0 * pairs * 3 * moe.inter_local * moe.hidden * moe.layers
     acts += t * plan.hidden * a  # embedding rows gathered
-    ctx = sum(batch.seq_lens)
     kv_per_tok, idx_per_tok = plan.kv_bytes_per_token, plan.index_k_bytes_per_token
     tp = plan.tp_size
     allreduce = 0.0
@@ -214,11 +213,17 @@ def step_bytes(plan: ModelPlan, batch: StepBatch) -> dict[str, dict[str, float]]
     return {
         "compute": {"weights_read": float(weights), "activations": float(acts)},
         "persistent": {"kv_written": float(t * kv_per_tok), "index_k_written": float(t * idx_per_tok),
-                       "kv_read": float(ctx * kv_per_tok), "index_k_read": float(ctx * idx_per_tok),
-                       "scales": 0.0},
+                       **context_bytes(plan, sum(batch.seq_lens)), "scales": 0.0},
         "communication": {"allreduce": allreduce, "kv_transfer": 0.0},
         "flops": {"gemm": flops},
     }
+
+
+def context_bytes(plan: ModelPlan, context_tokens: int) -> dict[str, float]:
+    """The persistent plane's items that depend on the step's context (the sum of its requests' seq_lens; the rest
+    of `step_bytes` depends only on num_tokens and num_sampled): {"kv_read", "index_k_read"} in bytes."""
+    return {"kv_read": float(context_tokens * plan.kv_bytes_per_token),
+            "index_k_read": float(context_tokens * plan.index_k_bytes_per_token)}
 
 
 def _is_expert(op: str) -> bool:

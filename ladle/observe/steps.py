@@ -29,8 +29,8 @@ import time
 from typing import Any, Optional
 
 from ladle.observe import op_timing, shapes
-from ladle.observe.plan import (ModelPlan, StepBatch, plan_from_model, plane_totals, roofline_seconds,
-                                step_bytes, step_gemm_shapes)
+from ladle.observe.plan import (ModelPlan, StepBatch, context_bytes, plan_from_model, plane_totals,
+                                roofline_seconds, step_bytes, step_gemm_shapes)
 
 HISTORY = 4096  # steps kept for /debug/steps
 logger = logging.getLogger(__name__)
@@ -49,6 +49,9 @@ class StepObserver:
         self._cuda = False
         self._index = 0
         self._failed = False
+        # (num_tokens, num_sampled) -> (step_bytes without the context part, GEMM shape rows): see _step_constants
+        self._constants: dict[tuple[int, int], tuple[dict, list]] = {}
+        self._constants_for: tuple = ()
         self.reset()
 
     def reset(self) -> None:
@@ -100,10 +103,10 @@ class StepObserver:
         if self._core_id != id(core):
             self.attach(core)
         chunks = scheduler_output.chunks
-        seq_lens, num_tokens, sampled, prefill = [], 0, 0, 0
+        context, num_tokens, sampled, prefill = 0, 0, 0, 0
         for c in chunks:  # one pass: this loop is most of the recording cost at large batches
             n = len(c.token_ids)
-            seq_lens.append(c.start_position + n)
+            context += c.start_position + n  # the request's seq_len after the step
             num_tokens += n
             sampled += c.sample + c.prompt_logprob_positions
             if n > 1:
@@ -112,7 +115,7 @@ class StepObserver:
         delays = _admission_delays(core.scheduler, scheduler_output)
         rec: dict[str, Any] = {
             "t": time.time(), "host_ms": None, "gpu_ms": gpu_ms, "num_reqs": len(chunks), "num_tokens": num_tokens,
-            "prefill_tokens": prefill, "num_sampled": sampled, "context_tokens": sum(seq_lens),
+            "prefill_tokens": prefill, "num_sampled": sampled, "context_tokens": context,
             "waiting": stats.num_waiting, "running": stats.num_running, "kv_usage": stats.kv_cache_usage,
             "preempted": len(scheduler_output.preempted_request_ids), "admitted": len(delays),
             "admission_delay_ms": (1e3 * sum(delays) / len(delays)) if delays else None,
@@ -120,11 +123,13 @@ class StepObserver:
         }
         roof = None
         if self.plan is not None:
-            batch = StepBatch(num_tokens, sampled, seq_lens)
-            planes = step_bytes(self.plan, batch)
+            fixed, shape_rows = self._step_constants(num_tokens, sampled)
+            planes = {plane: dict(items) for plane, items in fixed.items()}  # = step_bytes(plan, this step's batch)
+            planes["persistent"].update(context_bytes(self.plan, context))
             roof = roofline_seconds(planes, self.rates["copy_bytes_per_s"], self.rates["gemm_flop_per_s"])
             rec["bytes"], rec["flops"], rec["roofline_ms"] = planes, planes["flops"]["gemm"], _ms(roof)
-            self._record_shapes(batch)
+            for row in shape_rows:
+                shapes.record(*row)
         rec["host_ms"] = (time.perf_counter() - token[0]) * 1e3
         self._add(rec, roof, delays)
 
@@ -154,14 +159,25 @@ class StepObserver:
         self.rates = resolve_rates(device, getattr(cfg, "observe_copy_bandwidth", 0.0),
                                    getattr(cfg, "observe_gemm_rate", 0.0))
 
-    def _record_shapes(self, batch: StepBatch) -> None:
+    def _step_constants(self, num_tokens: int, num_sampled: int) -> tuple[dict, list]:
+        """(step_bytes with no context, [(op, m, n, k, launches, modeled seconds or None)] for shapes.record) of a
+        step of `num_tokens` tokens and `num_sampled` logits rows: they depend on nothing else of the step (only
+        kv_read / index_k_read follow its context, `context_bytes`), so they are computed once per pair for the
+        current plan and rates; a decode batch repeats its pair every step."""
         bw, rate = self.rates["copy_bytes_per_s"], self.rates["gemm_flop_per_s"]
-        a = self.plan.act_bytes
-        for op, m, n, k, launches in step_gemm_shapes(self.plan, batch):
-            modeled = None
-            if bw and rate:  # weight + input + output bytes vs 2MNK FLOPs, per launch
-                modeled = launches * max((n * k + m * k + m * n) * a / bw, 2.0 * m * n * k / rate)
-            shapes.record(op, m, n, k, launches, modeled)
+        if self._constants_for != (self.plan, bw, rate) or len(self._constants) >= 1024:
+            self._constants, self._constants_for = {}, (self.plan, bw, rate)
+        hit = self._constants.get((num_tokens, num_sampled))
+        if hit is None:
+            batch = StepBatch(num_tokens, num_sampled, [])
+            a, rows = self.plan.act_bytes, []
+            for op, m, n, k, launches in step_gemm_shapes(self.plan, batch):
+                modeled = None
+                if bw and rate:  # weight + input + output bytes vs 2MNK FLOPs, per launch
+                    modeled = launches * max((n * k + m * k + m * n) * a / bw, 2.0 * m * n * k / rate)
+                rows.append((op, m, n, k, launches, modeled))
+            hit = self._constants[(num_tokens, num_sampled)] = (step_bytes(self.plan, batch), rows)
+        return hit
 
     def _add(self, rec: dict, roof: Optional[float], delays: list[float]) -> None:
         with self._lock:
