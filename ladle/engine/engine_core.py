@@ -224,6 +224,7 @@ class EngineCore:
         except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
             return None, self._fail(chunks, exc)
         self.step_host_s["execute"] += time.perf_counter() - t1
+        observed = observe_steps.launched(observed)  # close its timing brackets before the next step launches
         step = _InFlight(scheduler_output, handle, observed)
         if not chunks:  # only finished / preempted ids: nothing to wait for
             observe_steps.end(self, scheduler_output, observed)

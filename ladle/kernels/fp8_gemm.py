@@ -58,16 +58,24 @@ _GEMM_DEFAULT = ((16, GemmTileConfig(16, 64, 4, 4)), (64, GemmTileConfig(32, 64,
 # Tile table per weight format: ((max tokens of the bucket, config), ...) in increasing bounds; the first bucket with
 # num_tokens <= bound wins. "fp8": 128-group fp32 scales (K step 128); "mxfp8": E8M0 32-group scales (K step 32).
 # benchmarks/gpu_fp8_tiles.py measures these on the H200 and prints replacement entries.
+# Measured on the H200, 2026-12-01: benchmarks/gpu_fp8_tiles.py (results: benchmarks/results/round3/fp8_tiles.*),
+# the best of 10 configs per (format, M) by summed time over the TP4-rank shapes, each checked against the reference.
 GEMM_TILES: dict[str, tuple[tuple[int, GemmTileConfig], ...]] = {
-    "fp8": _GEMM_DEFAULT,
-    "mxfp8": _GEMM_DEFAULT,
+    "fp8": ((16, GemmTileConfig(block_m=16, block_n=16, num_warps=2, num_stages=5)),
+            (64, GemmTileConfig(block_m=16, block_n=32, num_warps=4, num_stages=4)),
+            (256, GemmTileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)),
+            (MAX_TOKENS, GemmTileConfig(block_m=64, block_n=128, num_warps=4, num_stages=3))),
+    "mxfp8": ((16, GemmTileConfig(block_m=16, block_n=32, num_warps=4, num_stages=6)),
+              (64, GemmTileConfig(block_m=16, block_n=64, num_warps=4, num_stages=6)),
+              (256, GemmTileConfig(block_m=64, block_n=128, num_warps=4, num_stages=6)),
+              (MAX_TOKENS, GemmTileConfig(block_m=64, block_n=128, num_warps=4, num_stages=5))),
 }
 
 
 def select_gemm_config(num_tokens: int, kernel: str = "fp8") -> GemmTileConfig:
     """Decode sizes (M <= 64) stream the weight with the smallest MMA M tile and narrow N tiles for more CTAs;
     larger M reuses each weight tile over 64-128 rows. `kernel` ("fp8" | "mxfp8") names the GEMM_TILES row.
-    Defaults untuned on the H200 (a first guess: benchmarks/gpu_fp8_tiles.py measures them)."""
+    Rows measured on the H200 (benchmarks/gpu_fp8_tiles.py)."""
     return next(cfg for bound, cfg in GEMM_TILES[kernel] if num_tokens <= bound)
 
 

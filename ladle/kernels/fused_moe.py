@@ -62,12 +62,26 @@ _MOE_DEFAULT = ((16, _MOE_DECODE), (64, _MOE_DECODE), (256, _MOE_DECODE), (MAX_T
 # fp32 / E8M0 32-group scales), "mxfp4" / "w4a8" (fused_moe_mxfp4.py, bf16 / FP8 activations). block_k is ignored
 # by the FP8 and MXFP4 kernels (their K step is the weight's scale group). benchmarks/gpu_fp8_tiles.py measures
 # these on the H200 and prints replacement entries.
+# Measured on the H200, 2026-12-01: benchmarks/gpu_fp8_tiles.py (results: benchmarks/results/round3/fp8_tiles.*),
+# the best of 10 configs per (format, M) by summed time over the TP4-rank shapes, each checked against the reference.
 MOE_TILES: dict[str, tuple[tuple[int, MoETileConfig], ...]] = {
-    "bf16": _MOE_DEFAULT,
-    "fp8": _MOE_DEFAULT,
-    "mxfp8": _MOE_DEFAULT,
-    "mxfp4": _MOE_DEFAULT,
-    "w4a8": _MOE_DEFAULT,
+    "bf16": _MOE_DEFAULT,  # not re-swept (only its current tile was timed)
+    "fp8": ((16, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
+            (64, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
+            (256, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=5)),
+            (MAX_TOKENS, MoETileConfig(block_m=64, block_n1=64, block_n2=128, block_k=64, num_warps=4, num_stages=4))),
+    "mxfp8": ((16, MoETileConfig(block_m=16, block_n1=32, block_n2=128, block_k=128, num_warps=4, num_stages=6)),
+              (64, MoETileConfig(block_m=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=6)),
+              (256, MoETileConfig(block_m=32, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=6)),
+              (MAX_TOKENS, MoETileConfig(block_m=64, block_n1=128, block_n2=128, block_k=64, num_warps=4, num_stages=5))),
+    "mxfp4": ((16, MoETileConfig(block_m=16, block_n1=16, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
+              (64, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=3)),
+              (256, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
+              (MAX_TOKENS, MoETileConfig(block_m=128, block_n1=64, block_n2=256, block_k=64, num_warps=8, num_stages=3))),
+    "w4a8": ((16, MoETileConfig(block_m=16, block_n1=16, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
+             (64, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=5)),
+             (256, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=5)),
+             (MAX_TOKENS, MoETileConfig(block_m=128, block_n1=64, block_n2=128, block_k=64, num_warps=8, num_stages=3))),
 }
 
 

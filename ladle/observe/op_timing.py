@@ -94,17 +94,30 @@ class OpTimer:
         self._recycle(self._frames)
         self._frames = []
 
-    def finish_step(self, step_ms: Optional[float]) -> None:
-        """End the sampled step. `step_ms`: the step's time (CUDA events on CUDA, host time on the CPU), charged
-        to GRAPH_OP when the step replayed a CUDA graph."""
+    def pause(self) -> Optional[tuple[list, Optional[str]]]:
+        """The sampled step's launches are all made (--async-scheduling launches the next step before this one's
+        results are read): stop timing and hand back (frames, graph bucket) for `finish_step`. None when no step is
+        being timed."""
+        if not self.active:
+            return None
         self.active = False
         dispatch.set_listener(None)
-        frames, self._frames = self._frames, []
+        state, self._frames, self._graph_bucket = (self._frames, self._graph_bucket), [], None
+        return state
+
+    def finish_step(self, step_ms: Optional[float], state: Optional[tuple[list, Optional[str]]] = None) -> None:
+        """End the sampled step. `step_ms`: the step's time (CUDA events on CUDA, host time on the CPU), charged
+        to GRAPH_OP when the step replayed a CUDA graph. `state`: what `pause` returned, when it was called."""
+        if state is None:
+            self.active = False
+            dispatch.set_listener(None)
+            state, self._frames = (self._frames, self._graph_bucket), []
+        frames, graph_bucket = state
         with self._lock:
-            if self._graph_bucket is not None:
+            if graph_bucket is not None:
                 self.steps["graph"] += 1
                 if step_ms is not None:
-                    self._add((GRAPH_OP, self._graph_bucket, None, None, None), step_ms)
+                    self._add((GRAPH_OP, graph_bucket, None, None, None), step_ms)
                 self._recycle(frames)
                 return
             self.steps["eager"] += 1

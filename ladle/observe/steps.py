@@ -79,7 +79,22 @@ class StepObserver:
             op_timing.TIMER.abandon()
         return time.perf_counter(), event, sampled
 
-    def end(self, core: Any, scheduler_output: Any, token: tuple[float, Any, bool]) -> None:
+    def launched(self, token: tuple) -> tuple:
+        """The step of `token` is launched (--async-scheduling: the next step is scheduled and launched before this
+        one's results are read). A sampled step closes its brackets here, so the next step's launches are not
+        counted in it: a CUDA stop event after its last launch, its host time so far, and the op timer's frames.
+        Returns the token `end` takes."""
+        if not token[2]:
+            return token
+        stop = None
+        if token[1] is not None:
+            import torch
+
+            stop = torch.cuda.Event(enable_timing=True)
+            stop.record()
+        return token[:3] + (stop, (time.perf_counter() - token[0]) * 1e3, op_timing.TIMER.pause())
+
+    def end(self, core: Any, scheduler_output: Any, token: tuple) -> None:
         """Record the step `core` just ran for `scheduler_output` (ladle.core.outputs.SchedulerOutput). A failure
         here is logged once and never reaches the engine loop (observing must not stop serving)."""
         try:
@@ -89,17 +104,22 @@ class StepObserver:
                 self._failed = True
                 logger.exception("step recording failed; /debug/steps may be incomplete")
 
-    def _end(self, core: Any, scheduler_output: Any, token: tuple[float, Any, bool]) -> None:
+    def _end(self, core: Any, scheduler_output: Any, token: tuple) -> None:
         gpu_ms = None
+        launched = len(token) > 3  # `launched` closed the brackets (async scheduling): (.., stop, host ms, timer state)
         if token[1] is not None:
             import torch
 
-            stop = torch.cuda.Event(enable_timing=True)
-            stop.record()
+            stop = token[3] if launched else torch.cuda.Event(enable_timing=True)
+            if not launched:
+                stop.record()
             stop.synchronize()
             gpu_ms = token[1].elapsed_time(stop)
         if token[2]:  # a graph replay's time: the step's GPU time (CUDA), else its host time so far
-            op_timing.TIMER.finish_step(gpu_ms if token[1] is not None else (time.perf_counter() - token[0]) * 1e3)
+            host_ms = token[4] if launched else (time.perf_counter() - token[0]) * 1e3
+            state = token[5] if launched else None
+            if not launched or state is not None:
+                op_timing.TIMER.finish_step(gpu_ms if token[1] is not None else host_ms, state)
         if self._core_id != id(core):
             self.attach(core)
         chunks = scheduler_output.chunks
@@ -262,4 +282,5 @@ def open_files() -> dict:
 
 OBSERVER = StepObserver()
 begin = OBSERVER.begin
+launched = OBSERVER.launched
 end = OBSERVER.end

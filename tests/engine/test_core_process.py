@@ -76,7 +76,7 @@ def test_core_process_serves_like_the_offline_engine(m3_dir, offline):
             assert stats.num_steps > 0 and host["schedule"] > 0 and host["execute"] > 0 and host["process_outputs"] > 0
             steps = await engine.observe_snapshot("steps", last=1000)
             assert steps["totals"]["sampled"] == 4 * 12  # the record of the core process, not of this one
-            assert set(await engine.observe_snapshot("shapes")) == {"gemm", "kernels", "tokens_scheduled"}
+            assert set(await engine.observe_snapshot("shapes")) == {"gemm", "kernels", "tokens_scheduled", "measured"}
             with pytest.raises(EngineError):
                 await engine.observe_snapshot("no-such-record")
 

@@ -30,10 +30,10 @@ def model():
     return tiny_model(seed=5)
 
 
-def _llm(model, interval: int, timing: bool = True) -> LLM:
+def _llm(model, interval: int, timing: bool = True, async_scheduling: bool = False) -> LLM:
     for record in (steps.OBSERVER, shapes, dispatch, op_timing.TIMER):
         record.reset()
-    llm = LLM(bundle=make_bundle(model, enable_prefix_caching=False))
+    llm = LLM(bundle=make_bundle(model, enable_prefix_caching=False, async_scheduling=async_scheduling))
     runner = llm.core.runner  # the resolver turns --observe-timing off on CPU; the host-clock stand-in is tested here
     runner.runner_config = dataclasses.replace(runner.runner_config, observe_timing=timing,
                                                observe_timing_interval=interval)
@@ -192,3 +192,16 @@ def test_cuda_events_time_launches_and_skip_graph_capture():
     timer.finish_step(None)
     torch.cuda.synchronize()
     assert [r["samples"] for r in timer.snapshot()["ops"]] == [1]
+
+
+def test_async_scheduling_times_the_same_launches(model):
+    """--async-scheduling launches step N+1 before step N's results are read: each sampled step's brackets close at
+    its launch (steps.launched), so the rows and their sample counts equal the synchronous run's."""
+    counts = []
+    for async_scheduling in (False, True):
+        llm = _llm(model, interval=1, async_scheduling=async_scheduling)
+        _run(llm)
+        snap = op_timing.TIMER.snapshot()
+        counts.append(({(r["op"], r["bucket"]): r["samples"] for r in snap["ops"]}, snap["sampled_steps"]))
+        assert all(r["total_ms"] > 0 for r in snap["ops"])
+    assert counts[0] == counts[1] and "attn_prefill" in {op for op, _ in counts[1][0]}
