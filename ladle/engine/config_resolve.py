@@ -210,9 +210,12 @@ def resolve_quantization(quantization: Optional[str], hf_config: Optional[dict])
     return quantization
 
 
-def resolve_async_scheduling(enable: bool, tensor_parallel_size: int) -> bool:
+def resolve_async_scheduling(enable: Optional[bool], tensor_parallel_size: int) -> bool:
     """--async-scheduling runs with one rank only: the tensor-parallel executor (ladle/runner/executor.py) executes a
-    step synchronously on every rank, with no in-flight step to feed the next one on the device."""
+    step synchronously on every rank, with no in-flight step to feed the next one on the device. Unset (None) means
+    on with one rank and off with more (the H200 runs of 2026-12-01 found it never slower at TP = 1)."""
+    if enable is None:
+        return tensor_parallel_size == 1
     if enable and tensor_parallel_size > 1:
         raise ConfigError(f"--async-scheduling with --tensor-parallel-size {tensor_parallel_size}: not supported yet; "
                           "asynchronous scheduling works with --tensor-parallel-size 1 (the model in the engine-core "
@@ -271,7 +274,9 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
         hf_config, fallback=config.parallel.tensor_parallel_size))
     refusals.run(resolve_expert_parallel, config.parallel.enable_expert_parallel,
                  config.parallel.tensor_parallel_size, hf_config)
-    refusals.run(resolve_async_scheduling, config.scheduler.async_scheduling, config.parallel.tensor_parallel_size)
+    scheduler = dataclasses.replace(config.scheduler, async_scheduling=refusals.run(
+        resolve_async_scheduling, config.scheduler.async_scheduling, config.parallel.tensor_parallel_size,
+        fallback=False))
     device_type = torch.device(device).type
     backends_ok = [refusals.run(resolve_attention_backend, config.runner.attention_backend, device_type),
                    refusals.run(resolve_moe_backend, config.runner.moe_backend, device_type)]
@@ -285,7 +290,7 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
         runner = dataclasses.replace(runner, observe_timing=False)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, **model_fields),
                                cache=dataclasses.replace(config.cache, **cache_fields), parallel=parallel,
-                               runner=runner)
+                               scheduler=scheduler, runner=runner)
 
 
 def config_refusals(config: EngineConfig, hf_config: Optional[dict] = None, model_cls: Any = None) -> list[str]:

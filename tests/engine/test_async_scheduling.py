@@ -362,9 +362,15 @@ def test_refused_with_tensor_parallelism_and_accepted_on_the_command_line():
     from ladle.cli import serve_parser
     from ladle.cli_args import configs_from_args, parse_serve_args
 
-    for argv, value in ((["--async-scheduling"], True), (["--no-async-scheduling"], False), ([], False)):
+    for argv, value in ((["--async-scheduling"], True), (["--no-async-scheduling"], False), ([], None)):
         engine, _ = configs_from_args(parse_serve_args(serve_parser(), argv))
         assert engine.scheduler.async_scheduling is value
+    # unset: on with one rank, off (and not refused) with more
+    from ladle.engine.config_resolve import resolve_async_scheduling
+
+    assert resolve_async_scheduling(None, 1) is True and resolve_async_scheduling(None, 2) is False
+    assert not [r for r in config_refusals(EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2)))
+                if "async" in r]
 
 
 def test_core_process_with_async_scheduling(m3_dir):
