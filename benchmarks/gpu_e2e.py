@@ -99,6 +99,7 @@ class _StepTimer:
 
     def _step(self):
         t = time.perf_counter()
+        self.decode = False  # set by _forward: a call that ran no forward (--async-scheduling's last drain) is no step
         res = self.orig_step()
         self.walls.append((time.perf_counter() - t, self.decode))
         return res
