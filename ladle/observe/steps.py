@@ -105,6 +105,10 @@ class StepObserver:
                 logger.exception("step recording failed; /debug/steps may be incomplete")
 
     def _end(self, core: Any, scheduler_output: Any, token: tuple) -> None:
+        if not scheduler_output.chunks:  # only finished / preempted ids reached the runner: no model step to record
+            if op_timing.TIMER.active:
+                op_timing.TIMER.abandon()
+            return
         gpu_ms = None
         launched = len(token) > 3  # `launched` closed the brackets (async scheduling): (.., stop, host ms, timer state)
         if token[1] is not None:
