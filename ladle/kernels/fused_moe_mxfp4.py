@@ -10,14 +10,16 @@ K step (the inner loop; kernels_and_limits.md §5). The weight tables are read a
 elements 8w .. 8w + 7 of word w, little endian: byte i holds elements 2i, 2i + 1); one step loads a [BK/8, BN] word
 tile per weight slab (BK/2 contiguous bytes per row) and its E8M0 byte per word (word w is in 32-group w // 4).
   E2M1 -> float  (`_e2m1_pair`: 7 integer ops and 4 fp32 multiplies per 2 elements; no lookup, exp2 or int ->
-                 float conversion). For q = 0..3, t = word >> 4q; p = ((t & 0x70007) << 6) | ((t & 0x80008) << 12)
-                 puts the codes of elements q and q + 4 (nibbles at bits 0 and 16 of t) into the bf16 bit layout of
-                 p's two 16-bit halves: magnitude bits (2-bit exponent e, 1-bit mantissa m) at bits 6-8, sign at bit 15. A half read
-                 as float32 (p << 16, p & 0xFFFF0000) is 2^(e - 127) (1 + m/2) = E2M1 x 2^-126 for e >= 1, and the
-                 subnormal m x 2^-127 = E2M1 x 2^-126 for e = 0 (OCP MX spec: E2M1 bias 1, e = 0 subnormal 0 / 0.5).
-                 x 2^126 (exact; fp32 multiplies keep subnormals: Triton does not flush them) then x the group's
-                 2^(byte - 127) (built from the bits, `_e8m0_words`) gives the exact dequantised weight, cast to the
-                 dot dtype (bf16 / fp16 / fp32): the same value the previous kernel formed with exp2.
+                 float conversion). For q = 0..3: t = word >> 4q; p = ((t & 0x70007) << 6) | ((t & 0x80008) << 12)
+                 puts the codes of elements q and q + 4 (nibbles at bits 0 and 16 of t) into the bf16 bit layout
+                 of p's two 16-bit halves: magnitude bits (2-bit exponent e, 1-bit mantissa m) at bits 6-8, sign at
+                 bit 15. A half read as float32 (p << 16, p & 0xFFFF0000) is 2^(e - 127) (1 + m/2) = E2M1 x 2^-126
+                 for e >= 1, and the subnormal m x 2^-127 = E2M1 x 2^-126 for e = 0 (OCP MX spec: E2M1 bias 1,
+                 e = 0 subnormal 0 / 0.5). x 2^126 (exact; fp32 multiplies keep subnormals: Triton does not flush
+                 them) then x the group's 2^(byte - 127) (built from the bits, `_e8m0_words`) gives the exact
+                 dequantised weight, cast to the dot dtype (bf16 / fp16 / fp32): the value the K-step-32 kernel
+                 formed with exp2. A/B switch `dequant="ptx"` (not dispatched; `_PTX_E2M1`): the same bits and the
+                 same two multiplies as bf16x2 PTX instructions, no fp32 round trip.
   dots           (`_mxfp4_dots`) element 8w + j sits in nibble j of word w, so instead of interleaving the nibbles
                  the activation tile is read at the matching columns (8w + j, a strided [BM, BK/8] load, L1/L2 hits):
                  acc += sum_j x[:, 8w + j] @ W_j with W_j [BK/8, BN]; 8 dots of K = BK/8 per step, scaled before
@@ -25,7 +27,7 @@ tile per weight slab (BK/2 contiguous bytes per row) and its E8M0 byte per word 
 Variants (one kernel pair, constexpr FP8_ACT; op names for ladle.observe.dispatch):
   W4A16 "fused_moe_mxfp4"       activations stay in x.dtype (bf16 on the GPU): at decode sizes the weight bytes set the
                                 time and no activation-quant kernel is needed (§1.3 "Low-batch caveat", §1.5: vLLM's
-                                Hopper MXFP4 MoE is W4A16 too). BK = 256 at decode tiles, else 128 (`mxfp4_block_k`).
+                                Hopper MXFP4 MoE is W4A16 too). BK = 128 (`mxfp4_block_k`).
   W4A8  "fused_moe_mxfp4_w4a8"  x and the intermediate quantized per token per 128-group (op "fp8_act_quant", as the
                                 FP8 MoE, ladle/kernels/fused_moe_fp8.py); BK = 128 = the activation group. The e4m3
                                 activations are upcast to bf16 (exact: e4m3 is a subset of bf16) and dotted with the
@@ -64,12 +66,18 @@ _TWO_POW_126: tl.constexpr = tl.constexpr(8.507059173023462e37)  # 2^126 exactly
 
 
 @triton.jit
-def _e8m0_words(s_base, rows, row_ok, offs_w, w_ok, num_groups):
-    """Scales of a [NW, BN] tile of packed words as float32 2^(byte - 127), built from the bits (exact; byte 0 is
-    the subnormal 2^-127, byte 255 gives inf as exp2 did): word w of a row lies in its 32-group w // 4."""
+def _e8m0_words(s_base, rows, row_ok, offs_w, w_ok, num_groups, PTX: tl.constexpr):
+    """Scales of a [NW, BN] tile of packed words, 2^(byte - 127) built from the bits (exact; byte 0 is the
+    subnormal 2^-127, byte 255 gives inf as exp2 did): float32, or with PTX the bf16 value in both halves of an
+    int32 (bf16x2). Word w of a row lies in its 32-group w // 4."""
     ok = w_ok[:, None] & row_ok[None, :]
     s = tl.load(s_base + rows[None, :] * num_groups + offs_w[:, None] // 4, mask=ok, other=127).to(tl.int32)
-    return tl.where(s == 0, 0x400000, s << 23).to(tl.float32, bitcast=True)
+    if PTX:
+        h = tl.where(s == 0, 0x40, s << 7)
+        scale = h | (h << 16)
+    else:
+        scale = tl.where(s == 0, 0x400000, s << 23).to(tl.float32, bitcast=True)
+    return scale
 
 
 @triton.jit
@@ -79,20 +87,51 @@ def _e2m1_pair(words, scale, q: tl.constexpr):
     bf16 bit positions of the two halves (magnitude bits -> bits 6-8, sign -> bit 15), so each half read as a
     float32 (shifted to the top) is value x 2^-126 (the 0.5 code lands on the subnormal 2^-127); x 2^126 restores it."""
     t = words >> (4 * q)
-    p = ((t & 0x70007) << 6) | ((t & 0x80008) << 12)
+    p = ((t << 6) & 0x01C001C0) | ((t << 12) & -2147450880)  # masks 0x01C001C0, 0x80008000: one LOP3
     lo = (p << 16).to(tl.float32, bitcast=True) * _TWO_POW_126 * scale
     hi = (p & -65536).to(tl.float32, bitcast=True) * _TWO_POW_126 * scale
     return lo, hi
 
 
+# A/B variant (`dequant="ptx"`, sm_90, bf16 dots only): the same bit placement and the same two exact multiplies,
+# on bf16x2 pairs in PTX (mul.rn.bf16x2; bf16 arithmetic keeps subnormals), so no fp32 round trip: per 2 elements
+# 1 shift + 2 shifts, and, lop3 + 2 bf16x2 multiplies. Outputs: for q = 0..3 the int32 holding bf16 elements q (low
+# half) and q + 4 (high half); the rounding of the scaled value to bf16 is the fp32 path's .to(bf16) (one rounding of
+# the exact product, nearest even). $4 = packed word, $5 = the scale as bf16x2; 0x7E80 = bf16 2^126.
+_PTX_E2M1: tl.constexpr = tl.constexpr(
+    "{\n.reg .b32 t, a, b, m1, m2, c;\nmov.b32 m1, 0x01C001C0;\nmov.b32 m2, 0x80008000;\nmov.b32 c, 0x7E807E80;\n"
+    + "".join(f"shr.u32 t, $4, {4 * q};\nshl.b32 a, t, 6;\nshl.b32 b, t, 12;\nand.b32 b, b, m2;\n"
+              f"lop3.b32 a, a, m1, b, 0xEA;\nmul.rn.bf16x2 a, a, c;\nmul.rn.bf16x2 ${q}, a, $5;\n" for q in range(4))
+    + "}")
+
+
 @triton.jit
-def _mxfp4_dots(a_ptrs, a_ok, words, scale, acc, F32_DOT: tl.constexpr, FP8_ACT: tl.constexpr):
+def _e2m1_words_ptx(words, scale2):
+    """`_PTX_E2M1` over a [NW, BN] word tile and its bf16x2 scales: 4 int32 tiles of bf16 pairs (q, q + 4)."""
+    return tl.inline_asm_elementwise(_PTX_E2M1, "=r,=r,=r,=r,r,r", [words, scale2],
+                                     dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _bf16_halves(p):
+    """int32 [..] of two bf16 -> (low half, high half) as bf16 tensors."""
+    return p.to(tl.int16).to(tl.bfloat16, bitcast=True), (p >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_dots(a_ptrs, a_ok, words, scale, acc,
+                F32_DOT: tl.constexpr, FP8_ACT: tl.constexpr, PTX: tl.constexpr):
     """acc [BM, BN] fp32 + the K step of the packed word tile words [NW, BN] (NW words = 8 NW K elements):
     a_ptrs [BM, NW] points at element 8w of each word w; element 8w + j is dotted with nibble j of the word, so
     no interleave is needed: 8 dots of K = NW, each [BM, NW] @ [NW, BN]. The weight tile is dequantised with its
     32-group scale before the dot; W4A8 (FP8_ACT) upcasts the e4m3 activations to bf16 (exact)."""
+    if PTX:
+        pairs = _e2m1_words_ptx(words, scale)
     for q in tl.static_range(4):
-        w_lo, w_hi = _e2m1_pair(words, scale, q)
+        if PTX:
+            w_lo, w_hi = _bf16_halves(pairs[q])
+        else:
+            w_lo, w_hi = _e2m1_pair(words, scale, q)
         a_lo = tl.load(a_ptrs + q, mask=a_ok, other=0.0)
         a_hi = tl.load(a_ptrs + (q + 4), mask=a_ok, other=0.0)
         if F32_DOT:  # fp32 activations or the interpreter (whose bf16 tl.dot is wrong)
@@ -112,6 +151,7 @@ def _mxfp4_gemm1_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
     numel, topk_cols, N_HALF, K_WORDS, stride_xm, num_akb, stride_we, stride_wse, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8_ACT: tl.constexpr, F32_DOT: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -133,16 +173,17 @@ def _mxfp4_gemm1_kernel(
         w_ok = kw < K_WORDS
         g = tl.load(g_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
         u = tl.load(u_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
-        g_s = _e8m0_words(s_base, rows_g, n_ok, kw, w_ok, K_WORDS // 4)
-        u_s = _e8m0_words(s_base, rows_u, n_ok, kw, w_ok, K_WORDS // 4)
+        g_s = _e8m0_words(s_base, rows_g, n_ok, kw, w_ok, K_WORDS // 4, PTX)
+        u_s = _e8m0_words(s_base, rows_u, n_ok, kw, w_ok, K_WORDS // 4, PTX)
         a_ok = row_ok[:, None] & w_ok[None, :]
         if FP8_ACT:  # BK = 128 = the activation group: one scale per token per step
             a_s = tl.load(xs_ptr + tok * num_akb + kb, mask=row_ok, other=0.0)
-            acc_g += _mxfp4_dots(a_ptrs, a_ok, g, g_s, tl.zeros([BM, BN], tl.float32), F32_DOT, True) * a_s[:, None]
-            acc_u += _mxfp4_dots(a_ptrs, a_ok, u, u_s, tl.zeros([BM, BN], tl.float32), F32_DOT, True) * a_s[:, None]
+            zero = tl.zeros([BM, BN], tl.float32)
+            acc_g += _mxfp4_dots(a_ptrs, a_ok, g, g_s, zero, F32_DOT, True, PTX) * a_s[:, None]
+            acc_u += _mxfp4_dots(a_ptrs, a_ok, u, u_s, zero, F32_DOT, True, PTX) * a_s[:, None]
         else:
-            acc_g = _mxfp4_dots(a_ptrs, a_ok, g, g_s, acc_g, F32_DOT, False)
-            acc_u = _mxfp4_dots(a_ptrs, a_ok, u, u_s, acc_u, F32_DOT, False)
+            acc_g = _mxfp4_dots(a_ptrs, a_ok, g, g_s, acc_g, F32_DOT, False, PTX)
+            acc_u = _mxfp4_dots(a_ptrs, a_ok, u, u_s, acc_u, F32_DOT, False, PTX)
         g_ptrs += NW
         u_ptrs += NW
         a_ptrs += BK
@@ -154,6 +195,7 @@ def _mxfp4_gemm2_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K_WORDS, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8_ACT: tl.constexpr, F32_DOT: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -171,13 +213,13 @@ def _mxfp4_gemm2_kernel(
         kw = kb * NW + offs_w
         w_ok = kw < K_WORDS
         b = tl.load(b_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
-        b_s = _e8m0_words(s_base, cols, n_ok, kw, w_ok, K_WORDS // 4)
+        b_s = _e8m0_words(s_base, cols, n_ok, kw, w_ok, K_WORDS // 4, PTX)
         if FP8_ACT:
             a_s = tl.load(as_ptr + rows * num_akb + kb)
-            acc += _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, tl.zeros([BM, BN], tl.float32), F32_DOT, True) \
-                * a_s[:, None]
+            zero = tl.zeros([BM, BN], tl.float32)
+            acc += _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, zero, F32_DOT, True, PTX) * a_s[:, None]
         else:
-            acc = _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, acc, F32_DOT, False)
+            acc = _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, acc, F32_DOT, False, PTX)
         b_ptrs += NW
         a_ptrs += BK
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
@@ -185,28 +227,29 @@ def _mxfp4_gemm2_kernel(
     tl.store(out, acc * wt[:, None], mask=row_ok[:, None] & n_ok[None, :])
 
 
-def mxfp4_block_k(K: int, fp8_activations: bool, block_k: Optional[int] = None,
-                  block_m: int = 16) -> int:
-    """K elements per step of the MXFP4 kernels: W4A8 128 (its activation group: one a_scale per token per step);
-    W4A16 256 at decode tiles (block_m <= 64) when K >= 256, else 128 (dots of K = BK / 8 >= 16, the bf16 MMA's K;
-    prefill tiles keep the word and dequantised tiles, [BK/8, BN] each, at the smaller size next to their large
-    accumulators). block_k (128 | 256, W4A16 only) overrides: the A/B switch of benchmarks/gpu_mxfp4_ab.py."""
+def mxfp4_block_k(fp8_activations: bool, block_k: Optional[int] = None) -> int:
+    """K elements per step of the MXFP4 kernels: 128 (dots of K = BK / 8 = 16, the bf16 MMA's K; W4A8: its
+    activation group, one a_scale per token per step). ptxas for sm_90 (Triton 3.6, 2026-12-01): the decode tiles
+    (16 x 32 / 16 x 64, 4 warps, 2-4 stages) use 128-168 registers at BK 128 and 255 with spills at BK 256, so 256
+    is only the W4A16 A/B option (block_k) of benchmarks/gpu_mxfp4_ab.py, not measured yet."""
     if fp8_activations:
         assert block_k in (None, 128), "W4A8 steps K by its activation group (128)"
         return 128
     assert block_k in (None, 128, 256), f"block_k {block_k}: 128 or 256"
-    return block_k or (256 if K >= 256 and block_m <= 64 else 128)
+    return block_k or 128
 
 
 def fused_moe_mxfp4_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
     config: Optional[MoETileConfig] = None, fp8_activations: bool = False, block_k: Optional[int] = None,
+    dequant: str = "bits",
 ) -> torch.Tensor:
     """x [T, H] float, w13 / w2 packed MXFP4 with E8M0 scales (module doc), topk_ids [T, k] int32,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. H and I must be multiples of 32. fp8_activations: W4A8 (x and
     the intermediate quantized per token per 128-group by op "fp8_act_quant"), else W4A16. block_k: K step
-    (`mxfp4_block_k`; config.block_k is not used)."""
+    (`mxfp4_block_k`; config.block_k is not used). dequant: "bits" (`_e2m1_pair`, every backend) or "ptx" (the
+    bf16x2 PTX variant, CUDA with bf16 or FP8 activations only): the A/B switch of benchmarks/gpu_mxfp4_ab.py."""
     T, H = x.shape
     E, two_i, half_h = w13.shape
     I = two_i // 2
@@ -222,21 +265,23 @@ def fused_moe_mxfp4_triton(
         topk_ids, E, H, I, config, MX_GROUP, "w4a8" if fp8_activations else "mxfp4")
     bm, P = cfg.block_m, sorted_ids.numel()
     f32 = interpreting() or (x.dtype == torch.float32 and not fp8_activations)
+    ptx = dequant == "ptx"
+    assert dequant in ("bits", "ptx") and not (ptx and (f32 or x.dtype == torch.float16 and not fp8_activations))
     w13_words, w2_words = w13.view(torch.int32), w2.view(torch.int32)  # 8 E2M1 codes per word (little endian)
     a, a_s = act_quant(x.contiguous(), use_triton=True) if fp8_activations else (x, x)
     inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
     _mxfp4_gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](
         a, a_s, w13_words, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H // 8, a.stride(0),
         a_s.shape[1] if fp8_activations else 0, w13_words.stride(0), w13_scale.stride(0), float(alpha), float(limit),
-        BM=bm, BN=bn1, BK=mxfp4_block_k(H, fp8_activations, block_k, bm), FP8_ACT=fp8_activations, F32_DOT=f32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BM=bm, BN=bn1, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
+        PTX=ptx, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     i_q, i_s = act_quant(inter, use_triton=True) if fp8_activations else (inter, inter)
     out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
     _mxfp4_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
         i_q, i_s, w2_words, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H,
         I // 8, i_s.shape[1] if fp8_activations else 0, w2_words.stride(0), w2_scale.stride(0),
-        BM=bm, BN=bn2, BK=mxfp4_block_k(I, fp8_activations, block_k, bm), FP8_ACT=fp8_activations, F32_DOT=f32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BM=bm, BN=bn2, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
+        PTX=ptx, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out_slots.view(T, k, H).sum(dim=1).to(x.dtype)
 
 

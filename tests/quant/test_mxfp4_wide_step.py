@@ -29,7 +29,7 @@ def _dequant_words_kernel(w_ptr, s_ptr, out_ptr, N, K_WORDS, NW: tl.constexpr, B
     row_ok = rows < N
     w_ok = offs_w < K_WORDS
     words = tl.load(w_ptr + rows[None, :] * K_WORDS + offs_w[:, None], mask=w_ok[:, None] & row_ok[None, :])
-    scale = _e8m0_words(s_ptr, rows, row_ok, offs_w, w_ok, K_WORDS // 4)
+    scale = _e8m0_words(s_ptr, rows, row_ok, offs_w, w_ok, K_WORDS // 4, False)
     ok = w_ok[:, None] & row_ok[None, :]
     for q in tl.static_range(4):
         lo, hi = _e2m1_pair(words, scale, q)
