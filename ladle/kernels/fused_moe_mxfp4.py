@@ -9,17 +9,19 @@ per 32 K elements, multiplier 2^(byte - 127). Never `tl.dot_scaled` (no MX MMA o
 K step (the inner loop; kernels_and_limits.md §5). The weight tables are read as int32 words (8 E2M1 codes, K
 elements 8w .. 8w + 7 of word w, little endian: byte i holds elements 2i, 2i + 1); one step loads a [BK/8, BN] word
 tile per weight slab (BK/2 contiguous bytes per row) and its E8M0 byte per word (word w is in 32-group w // 4).
-  E2M1 -> float  (`_e2m1_pair`: 7 integer ops and 4 fp32 multiplies per 2 elements; no lookup, exp2 or int ->
-                 float conversion). For q = 0..3: t = word >> 4q; p = ((t & 0x70007) << 6) | ((t & 0x80008) << 12)
-                 puts the codes of elements q and q + 4 (nibbles at bits 0 and 16 of t) into the bf16 bit layout
-                 of p's two 16-bit halves: magnitude bits (2-bit exponent e, 1-bit mantissa m) at bits 6-8, sign at
-                 bit 15. A half read as float32 (p << 16, p & 0xFFFF0000) is 2^(e - 127) (1 + m/2) = E2M1 x 2^-126
-                 for e >= 1, and the subnormal m x 2^-127 = E2M1 x 2^-126 for e = 0 (OCP MX spec: E2M1 bias 1,
-                 e = 0 subnormal 0 / 0.5). x 2^126 (exact; fp32 multiplies keep subnormals: Triton does not flush
-                 them) then x the group's 2^(byte - 127) (built from the bits, `_e8m0_words`) gives the exact
-                 dequantised weight, cast to the dot dtype (bf16 / fp16 / fp32): the value the K-step-32 kernel
-                 formed with exp2. A/B switch `dequant="ptx"` (not dispatched; `_PTX_E2M1`): the same bits and the
-                 same two multiplies as bf16x2 PTX instructions, no fp32 round trip.
+  E2M1 -> float  (`_e2m1_pair`; no lookup, exp2 or int -> float conversion). For q = 0..3: t = word >> 4q;
+                 p = ((t << 6) & 0x01C001C0) | ((t << 12) & 0x80008000) (2 shifts + 1 LOP3) puts the codes of
+                 elements q and q + 4 (nibbles at bits 0 and 16 of t) into the bf16 bit layout of p's two 16-bit
+                 halves: magnitude bits (2-bit exponent e, 1-bit mantissa m) at bits 6-8, sign at bit 15. Each half
+                 read as a bf16 is 2^(e - 127) (1 + m/2) = E2M1 x 2^-126 for e >= 1, and the subnormal
+                 m x 2^-127 = E2M1 x 2^-126 for e = 0 (OCP MX spec: E2M1 bias 1, e = 0 subnormal 0 / 0.5).
+                 x 2^126 (exact; bf16 and fp32 multiplies keep subnormals) then x the group's 2^(byte - 127)
+                 (built from the bits, `_e8m0_words`) is the exact dequantised weight: E2M1 x 2^k has <= 2
+                 significant bits and every such value from 2^-128 up is a bf16, so bf16 arithmetic (dequant
+                 "bf16", the default: packed HMUL2 on sm_90) gives the same values as float32 ("f32") and as the
+                 K-step-32 kernel's exp2 (overflow to inf alike). Offline SASS (Triton 3.6 -> ptxas sm_90, GEMM 2
+                 decode tile 16 x 64, the inner loop): 7.1 instructions per weight element in bf16, 9.1 in fp32,
+                 39.6 for the K-step-32 kernel; the bf16 fused MoE runs 8.2 per (2-byte) element.
   dots           (`_mxfp4_dots`) element 8w + j sits in nibble j of word w, so instead of interleaving the nibbles
                  the activation tile is read at the matching columns (8w + j, a strided [BM, BK/8] load, L1/L2 hits):
                  acc += sum_j x[:, 8w + j] @ W_j with W_j [BK/8, BN]; 8 dots of K = BK/8 per step, scaled before
@@ -66,77 +68,51 @@ _TWO_POW_126: tl.constexpr = tl.constexpr(8.507059173023462e37)  # 2^126 exactly
 
 
 @triton.jit
-def _e8m0_words(s_base, rows, row_ok, offs_w, w_ok, num_groups, PTX: tl.constexpr):
+def _e8m0_words(s_base, rows, row_ok, offs_w, w_ok, num_groups, BF16: tl.constexpr):
     """Scales of a [NW, BN] tile of packed words, 2^(byte - 127) built from the bits (exact; byte 0 is the
-    subnormal 2^-127, byte 255 gives inf as exp2 did): float32, or with PTX the bf16 value in both halves of an
-    int32 (bf16x2). Word w of a row lies in its 32-group w // 4."""
+    subnormal 2^-127, byte 255 gives inf as exp2 did), bf16 (BF16) or float32. Word w of a row lies in its
+    32-group w // 4."""
     ok = w_ok[:, None] & row_ok[None, :]
     s = tl.load(s_base + rows[None, :] * num_groups + offs_w[:, None] // 4, mask=ok, other=127).to(tl.int32)
-    if PTX:
-        h = tl.where(s == 0, 0x40, s << 7)
-        scale = h | (h << 16)
+    if BF16:
+        scale = tl.where(s == 0, 0x40, s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         scale = tl.where(s == 0, 0x400000, s << 23).to(tl.float32, bitcast=True)
     return scale
 
 
 @triton.jit
-def _e2m1_pair(words, scale, q: tl.constexpr):
-    """Elements q and q + 4 of each packed int32 word (bits 4q.. and 16 + 4q..; low nibble = even element) as
-    float32 [NW, BN], times `scale` (exact: E2M1 x a power of two). Both nibbles are placed at once into the
-    bf16 bit positions of the two halves (magnitude bits -> bits 6-8, sign -> bit 15), so each half read as a
-    float32 (shifted to the top) is value x 2^-126 (the 0.5 code lands on the subnormal 2^-127); x 2^126 restores it."""
+def _e2m1_pair(words, scale, q: tl.constexpr, BF16: tl.constexpr):
+    """Elements q and q + 4 of each packed int32 word (bits 4q.. and 16 + 4q..; low nibble = even element),
+    [NW, BN] each, times `scale` (module doc, "E2M1 -> float"): the two nibbles are placed at once into the bf16
+    bit layout of the word's two halves; each half is value x 2^-126 (the 0.5 code is the subnormal 2^-127),
+    multiplied by 2^126 and the scale. BF16: bf16 halves and bf16 multiplies (packed on sm_90), else float32."""
     t = words >> (4 * q)
     p = ((t << 6) & 0x01C001C0) | ((t << 12) & -2147450880)  # masks 0x01C001C0, 0x80008000: one LOP3
-    lo = (p << 16).to(tl.float32, bitcast=True) * _TWO_POW_126 * scale
-    hi = (p & -65536).to(tl.float32, bitcast=True) * _TWO_POW_126 * scale
-    return lo, hi
-
-
-# A/B variant (`dequant="ptx"`, sm_90, bf16 dots only): the same bit placement and the same two exact multiplies,
-# on bf16x2 pairs in PTX (mul.rn.bf16x2; bf16 arithmetic keeps subnormals), so no fp32 round trip: per 2 elements
-# 1 shift + 2 shifts, and, lop3 + 2 bf16x2 multiplies. Outputs: for q = 0..3 the int32 holding bf16 elements q (low
-# half) and q + 4 (high half); the rounding of the scaled value to bf16 is the fp32 path's .to(bf16) (one rounding of
-# the exact product, nearest even). $4 = packed word, $5 = the scale as bf16x2; 0x7E80 = bf16 2^126.
-_PTX_E2M1: tl.constexpr = tl.constexpr(
-    "{\n.reg .b32 t, a, b, m1, m2, c;\nmov.b32 m1, 0x01C001C0;\nmov.b32 m2, 0x80008000;\nmov.b32 c, 0x7E807E80;\n"
-    + "".join(f"shr.u32 t, $4, {4 * q};\nshl.b32 a, t, 6;\nshl.b32 b, t, 12;\nand.b32 b, b, m2;\n"
-              f"lop3.b32 a, a, m1, b, 0xEA;\nmul.rn.bf16x2 a, a, c;\nmul.rn.bf16x2 ${q}, a, $5;\n" for q in range(4))
-    + "}")
-
-
-@triton.jit
-def _e2m1_words_ptx(words, scale2):
-    """`_PTX_E2M1` over a [NW, BN] word tile and its bf16x2 scales: 4 int32 tiles of bf16 pairs (q, q + 4)."""
-    return tl.inline_asm_elementwise(_PTX_E2M1, "=r,=r,=r,=r,r,r", [words, scale2],
-                                     dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-
-
-@triton.jit
-def _bf16_halves(p):
-    """int32 [..] of two bf16 -> (low half, high half) as bf16 tensors."""
-    return p.to(tl.int16).to(tl.bfloat16, bitcast=True), (p >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    if BF16:  # 2^126 as a bf16 tensor (bits 0x7E80): the interpreter has no bf16 scalar constants
+        two_126 = tl.full([1, 1], 0x7E80, tl.int16).to(tl.bfloat16, bitcast=True)
+        lo = p.to(tl.int16).to(tl.bfloat16, bitcast=True) * two_126
+        hi = (p >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) * two_126
+    else:
+        lo = (p << 16).to(tl.float32, bitcast=True) * _TWO_POW_126
+        hi = (p & -65536).to(tl.float32, bitcast=True) * _TWO_POW_126
+    return lo * scale, hi * scale
 
 
 @triton.jit
 def _mxfp4_dots(a_ptrs, a_ok, words, scale, acc,
-                F32_DOT: tl.constexpr, FP8_ACT: tl.constexpr, PTX: tl.constexpr):
+                F32_DOT: tl.constexpr, FP8_ACT: tl.constexpr, BF16: tl.constexpr):
     """acc [BM, BN] fp32 + the K step of the packed word tile words [NW, BN] (NW words = 8 NW K elements):
     a_ptrs [BM, NW] points at element 8w of each word w; element 8w + j is dotted with nibble j of the word, so
     no interleave is needed: 8 dots of K = NW, each [BM, NW] @ [NW, BN]. The weight tile is dequantised with its
     32-group scale before the dot; W4A8 (FP8_ACT) upcasts the e4m3 activations to bf16 (exact)."""
-    if PTX:
-        pairs = _e2m1_words_ptx(words, scale)
     for q in tl.static_range(4):
-        if PTX:
-            w_lo, w_hi = _bf16_halves(pairs[q])
-        else:
-            w_lo, w_hi = _e2m1_pair(words, scale, q)
+        w_lo, w_hi = _e2m1_pair(words, scale, q, BF16)
         a_lo = tl.load(a_ptrs + q, mask=a_ok, other=0.0)
         a_hi = tl.load(a_ptrs + (q + 4), mask=a_ok, other=0.0)
         if F32_DOT:  # fp32 activations or the interpreter (whose bf16 tl.dot is wrong)
-            acc = tl.dot(a_lo.to(tl.float32), w_lo, acc, input_precision="ieee")
-            acc = tl.dot(a_hi.to(tl.float32), w_hi, acc, input_precision="ieee")
+            acc = tl.dot(a_lo.to(tl.float32), w_lo.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(a_hi.to(tl.float32), w_hi.to(tl.float32), acc, input_precision="ieee")
         elif FP8_ACT:
             acc = tl.dot(a_lo.to(tl.bfloat16), w_lo.to(tl.bfloat16), acc)
             acc = tl.dot(a_hi.to(tl.bfloat16), w_hi.to(tl.bfloat16), acc)
@@ -151,7 +127,7 @@ def _mxfp4_gemm1_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
     numel, topk_cols, N_HALF, K_WORDS, stride_xm, num_akb, stride_we, stride_wse, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8_ACT: tl.constexpr, F32_DOT: tl.constexpr,
-    PTX: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -173,17 +149,17 @@ def _mxfp4_gemm1_kernel(
         w_ok = kw < K_WORDS
         g = tl.load(g_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
         u = tl.load(u_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
-        g_s = _e8m0_words(s_base, rows_g, n_ok, kw, w_ok, K_WORDS // 4, PTX)
-        u_s = _e8m0_words(s_base, rows_u, n_ok, kw, w_ok, K_WORDS // 4, PTX)
+        g_s = _e8m0_words(s_base, rows_g, n_ok, kw, w_ok, K_WORDS // 4, BF16)
+        u_s = _e8m0_words(s_base, rows_u, n_ok, kw, w_ok, K_WORDS // 4, BF16)
         a_ok = row_ok[:, None] & w_ok[None, :]
         if FP8_ACT:  # BK = 128 = the activation group: one scale per token per step
             a_s = tl.load(xs_ptr + tok * num_akb + kb, mask=row_ok, other=0.0)
             zero = tl.zeros([BM, BN], tl.float32)
-            acc_g += _mxfp4_dots(a_ptrs, a_ok, g, g_s, zero, F32_DOT, True, PTX) * a_s[:, None]
-            acc_u += _mxfp4_dots(a_ptrs, a_ok, u, u_s, zero, F32_DOT, True, PTX) * a_s[:, None]
+            acc_g += _mxfp4_dots(a_ptrs, a_ok, g, g_s, zero, F32_DOT, True, BF16) * a_s[:, None]
+            acc_u += _mxfp4_dots(a_ptrs, a_ok, u, u_s, zero, F32_DOT, True, BF16) * a_s[:, None]
         else:
-            acc_g = _mxfp4_dots(a_ptrs, a_ok, g, g_s, acc_g, F32_DOT, False, PTX)
-            acc_u = _mxfp4_dots(a_ptrs, a_ok, u, u_s, acc_u, F32_DOT, False, PTX)
+            acc_g = _mxfp4_dots(a_ptrs, a_ok, g, g_s, acc_g, F32_DOT, False, BF16)
+            acc_u = _mxfp4_dots(a_ptrs, a_ok, u, u_s, acc_u, F32_DOT, False, BF16)
         g_ptrs += NW
         u_ptrs += NW
         a_ptrs += BK
@@ -195,7 +171,7 @@ def _mxfp4_gemm2_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K_WORDS, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8_ACT: tl.constexpr, F32_DOT: tl.constexpr,
-    PTX: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -213,13 +189,13 @@ def _mxfp4_gemm2_kernel(
         kw = kb * NW + offs_w
         w_ok = kw < K_WORDS
         b = tl.load(b_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
-        b_s = _e8m0_words(s_base, cols, n_ok, kw, w_ok, K_WORDS // 4, PTX)
+        b_s = _e8m0_words(s_base, cols, n_ok, kw, w_ok, K_WORDS // 4, BF16)
         if FP8_ACT:
             a_s = tl.load(as_ptr + rows * num_akb + kb)
             zero = tl.zeros([BM, BN], tl.float32)
-            acc += _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, zero, F32_DOT, True, PTX) * a_s[:, None]
+            acc += _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, zero, F32_DOT, True, BF16) * a_s[:, None]
         else:
-            acc = _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, acc, F32_DOT, False, PTX)
+            acc = _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, acc, F32_DOT, False, BF16)
         b_ptrs += NW
         a_ptrs += BK
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
@@ -229,9 +205,10 @@ def _mxfp4_gemm2_kernel(
 
 def mxfp4_block_k(fp8_activations: bool, block_k: Optional[int] = None) -> int:
     """K elements per step of the MXFP4 kernels: 128 (dots of K = BK / 8 = 16, the bf16 MMA's K; W4A8: its
-    activation group, one a_scale per token per step). ptxas for sm_90 (Triton 3.6, 2026-12-01): the decode tiles
-    (16 x 32 / 16 x 64, 4 warps, 2-4 stages) use 128-168 registers at BK 128 and 255 with spills at BK 256, so 256
-    is only the W4A16 A/B option (block_k) of benchmarks/gpu_mxfp4_ab.py, not measured yet."""
+    activation group, one a_scale per token per step). Offline ptxas for sm_90 (Triton 3.6, arguments specialized
+    as launched, decode tiles 16 x 32 / 16 x 64, 4 warps, 3 stages): BK 128 uses 64-80 registers and 7.1 inner-loop
+    instructions per weight element (W4A16, bf16 dequant), BK 256 104-160 registers and 7.5-7.7, so 256 is only
+    the W4A16 A/B option (block_k) of benchmarks/gpu_mxfp4_ab.py."""
     if fp8_activations:
         assert block_k in (None, 128), "W4A8 steps K by its activation group (128)"
         return 128
@@ -243,13 +220,14 @@ def fused_moe_mxfp4_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
     config: Optional[MoETileConfig] = None, fp8_activations: bool = False, block_k: Optional[int] = None,
-    dequant: str = "bits",
+    dequant: str = "bf16",
 ) -> torch.Tensor:
     """x [T, H] float, w13 / w2 packed MXFP4 with E8M0 scales (module doc), topk_ids [T, k] int32,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. H and I must be multiples of 32. fp8_activations: W4A8 (x and
     the intermediate quantized per token per 128-group by op "fp8_act_quant"), else W4A16. block_k: K step
-    (`mxfp4_block_k`; config.block_k is not used). dequant: "bits" (`_e2m1_pair`, every backend) or "ptx" (the
-    bf16x2 PTX variant, CUDA with bf16 or FP8 activations only): the A/B switch of benchmarks/gpu_mxfp4_ab.py."""
+    (`mxfp4_block_k`; config.block_k is not used). dequant: "bf16" (`_e2m1_pair` in bf16 arithmetic; fp32-dot
+    launches, incl. the interpreter, always use "f32") or "f32" (float32; the same values): the A/B switch of
+    benchmarks/gpu_mxfp4_ab.py."""
     T, H = x.shape
     E, two_i, half_h = w13.shape
     I = two_i // 2
@@ -265,8 +243,8 @@ def fused_moe_mxfp4_triton(
         topk_ids, E, H, I, config, MX_GROUP, "w4a8" if fp8_activations else "mxfp4")
     bm, P = cfg.block_m, sorted_ids.numel()
     f32 = interpreting() or (x.dtype == torch.float32 and not fp8_activations)
-    ptx = dequant == "ptx"
-    assert dequant in ("bits", "ptx") and not (ptx and (f32 or x.dtype == torch.float16 and not fp8_activations))
+    assert dequant in ("bf16", "f32"), dequant
+    bf16 = dequant == "bf16" and not f32  # fp32 dots dequantise in fp32 (the interpreter's bf16 arithmetic is wrong)
     w13_words, w2_words = w13.view(torch.int32), w2.view(torch.int32)  # 8 E2M1 codes per word (little endian)
     a, a_s = act_quant(x.contiguous(), use_triton=True) if fp8_activations else (x, x)
     inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
@@ -274,14 +252,14 @@ def fused_moe_mxfp4_triton(
         a, a_s, w13_words, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H // 8, a.stride(0),
         a_s.shape[1] if fp8_activations else 0, w13_words.stride(0), w13_scale.stride(0), float(alpha), float(limit),
         BM=bm, BN=bn1, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
-        PTX=ptx, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BF16=bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     i_q, i_s = act_quant(inter, use_triton=True) if fp8_activations else (inter, inter)
     out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
     _mxfp4_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
         i_q, i_s, w2_words, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H,
         I // 8, i_s.shape[1] if fp8_activations else 0, w2_words.stride(0), w2_scale.stride(0),
         BM=bm, BN=bn2, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
-        PTX=ptx, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BF16=bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out_slots.view(T, k, H).sum(dim=1).to(x.dtype)
 
 

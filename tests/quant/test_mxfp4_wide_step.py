@@ -1,8 +1,10 @@
 """The MXFP4 MoE kernels' wide K step (ladle/kernels/fused_moe_mxfp4.py): packed int32 words, 8 dots per step by
 nibble position, E2M1 -> float by bit placement, E8M0 scale per word.
 
-1. The in-register dequantisation equals `dequant_mxfp4` bit for bit, for every byte (all 16 x 16 code pairs) and
-   E8M0 bytes from 0 (the subnormal 2^-127) through 254 (6 x 2^127 overflows float32 in both).
+1. The in-register dequantisation (float32 arithmetic: the interpreter's bf16 arithmetic is wrong, so the bf16
+   variant, the same bits and multiplies, is checked on the GPU: gpu tests, benchmarks/gpu_mxfp4_ab.py) equals
+   `dequant_mxfp4` bit for bit, for every byte (all 16 x 16 code pairs) and E8M0 bytes from 0 (the subnormal
+   2^-127) through 254 (6 x 2^127 overflows float32 in both).
 2. Steps that do not divide K (H = 288: 9 groups, 36 words; BK 256 leaves a 4-word tail, BK 128 a 1-group tail;
    I = 96: 3 groups in one partial step), W4A16 at both BK and W4A8, against the float64 reference on fresh random
    inputs: float32 activations, so W4A16 differs by summation order only (< 1e-5, as tests/quant/test_mxfp4.py);
@@ -22,20 +24,21 @@ from ladle.kernels.moe_router import moe_router_triton
 
 
 @triton.jit
-def _dequant_words_kernel(w_ptr, s_ptr, out_ptr, N, K_WORDS, NW: tl.constexpr, BN: tl.constexpr):
+def _dequant_words_kernel(w_ptr, s_ptr, out_ptr, N, K_WORDS, NW: tl.constexpr, BN: tl.constexpr,
+                          BF16: tl.constexpr):
     """out [N, 8 K_WORDS] float32 = the kernels' dequantisation of packed words [N, K_WORDS] (one step)."""
     offs_w = tl.arange(0, NW)
     rows = tl.arange(0, BN).to(tl.int64)
     row_ok = rows < N
     w_ok = offs_w < K_WORDS
     words = tl.load(w_ptr + rows[None, :] * K_WORDS + offs_w[:, None], mask=w_ok[:, None] & row_ok[None, :])
-    scale = _e8m0_words(s_ptr, rows, row_ok, offs_w, w_ok, K_WORDS // 4, False)
+    scale = _e8m0_words(s_ptr, rows, row_ok, offs_w, w_ok, K_WORDS // 4, BF16)
     ok = w_ok[:, None] & row_ok[None, :]
     for q in tl.static_range(4):
-        lo, hi = _e2m1_pair(words, scale, q)
+        lo, hi = _e2m1_pair(words, scale, q, BF16)
         base = out_ptr + rows[None, :] * (8 * K_WORDS) + 8 * offs_w[:, None]
-        tl.store(base + q, lo, mask=ok)
-        tl.store(base + (q + 4), hi, mask=ok)
+        tl.store(base + q, lo.to(tl.float32), mask=ok)
+        tl.store(base + (q + 4), hi.to(tl.float32), mask=ok)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered")  # scale 254: 6 x 2^127 -> inf, as dequant_mxfp4
@@ -46,7 +49,7 @@ def test_dequant_in_registers_is_bit_exact():
     packed = packed[torch.randperm(len(scales))]  # rows and scales paired at random (still every byte per row)
     out = torch.empty(len(scales), 512, dtype=torch.float32)
     words = packed.view(torch.int32)
-    _dequant_words_kernel[(1,)](words, scale, out, len(scales), words.shape[1], NW=64, BN=16)
+    _dequant_words_kernel[(1,)](words, scale, out, len(scales), words.shape[1], NW=64, BN=16, BF16=False)
     want = dequant_mxfp4(packed, scale, torch.float32)
     assert torch.isinf(want).any() and (want[scale[:, :1].expand(-1, 512) == 0] != 0).any()
     assert torch.equal(out, want)
