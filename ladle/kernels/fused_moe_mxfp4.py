@@ -6,16 +6,37 @@ w2 packed uint8 [E', H, I/2] + w2_scale uint8 [E', H, I/32]. Two E2M1 codes per 
 high nibble = k + 1; code bits 0-2 = magnitude index into (0, 0.5, 1, 1.5, 2, 3, 4, 6), bit 3 = sign; one E8M0 byte
 per 32 K elements, multiplier 2^(byte - 127). Never `tl.dot_scaled` (no MX MMA on Hopper, kernels_and_limits.md §5).
 
+K step (the inner loop; kernels_and_limits.md §5). The weight tables are read as int32 words (8 E2M1 codes, K
+elements 8w .. 8w + 7 of word w, little endian: byte i holds elements 2i, 2i + 1); one step loads a [BK/8, BN] word
+tile per weight slab (BK/2 contiguous bytes per row) and its E8M0 byte per word (word w is in 32-group w // 4).
+  E2M1 -> float  (`_e2m1_pair`; no lookup, exp2 or int -> float conversion). For q = 0..3: t = word >> 4q;
+                 p = ((t << 6) & 0x01C001C0) | ((t << 12) & 0x80008000) (2 shifts + 1 LOP3) puts the codes of
+                 elements q and q + 4 (nibbles at bits 0 and 16 of t) into the bf16 bit layout of p's two 16-bit
+                 halves: magnitude bits (2-bit exponent e, 1-bit mantissa m) at bits 6-8, sign at bit 15. Each half
+                 read as a bf16 is 2^(e - 127) (1 + m/2) = E2M1 x 2^-126 for e >= 1, and the subnormal
+                 m x 2^-127 = E2M1 x 2^-126 for e = 0 (OCP MX spec: E2M1 bias 1, e = 0 subnormal 0 / 0.5).
+                 x 2^126 (exact; bf16 and fp32 multiplies keep subnormals) then x the group's 2^(byte - 127)
+                 (built from the bits, `_e8m0_words`) is the exact dequantised weight: E2M1 x 2^k has <= 2
+                 significant bits and every such value from 2^-128 up is a bf16, so bf16 arithmetic (dequant
+                 "bf16", the default: packed HMUL2 on sm_90) gives the same values as float32 ("f32") and as the
+                 K-step-32 kernel's exp2 (overflow to inf alike). Offline SASS (Triton 3.6 -> ptxas sm_90, GEMM 2
+                 decode tile 16 x 64, the inner loop): 7.1 instructions per weight element in bf16, 9.1 in fp32,
+                 39.6 for the K-step-32 kernel; the bf16 fused MoE runs 8.2 per (2-byte) element.
+  dots           (`_mxfp4_dots`) element 8w + j sits in nibble j of word w, so instead of interleaving the nibbles
+                 the activation tile is read at the matching columns (8w + j, a strided [BM, BK/8] load, L1/L2 hits):
+                 acc += sum_j x[:, 8w + j] @ W_j with W_j [BK/8, BN]; 8 dots of K = BK/8 per step, scaled before
+                 the dot, so BK covers several 32-groups (the previous kernel ran one K = 32 dot per group).
 Variants (one kernel pair, constexpr FP8_ACT; op names for ladle.observe.dispatch):
   W4A16 "fused_moe_mxfp4"       activations stay in x.dtype (bf16 on the GPU): at decode sizes the weight bytes set the
                                 time and no activation-quant kernel is needed (§1.3 "Low-batch caveat", §1.5: vLLM's
-                                Hopper MXFP4 MoE is W4A16 too). Each K step of 32 dequantises the tile (E2M1 value x
-                                the group's power of two) and runs one tl.dot in x.dtype (fp32 under the interpreter).
+                                Hopper MXFP4 MoE is W4A16 too). BK = 128 (`mxfp4_block_k`).
   W4A8  "fused_moe_mxfp4_w4a8"  x and the intermediate quantized per token per 128-group (op "fp8_act_quant", as the
-                                FP8 MoE, ladle/kernels/fused_moe_fp8.py); each K step of 32 converts the E2M1 values to
-                                fp8 e4m3 (exact: every E2M1 value is an e4m3 value) and runs one fp8 x fp8 tl.dot with
-                                fp32 accumulation, then acc += part x a_scale[:, None] x 2^(e - 127)[None, :]
-                                (`fp8_dot_step`, the block-FP8 promotion of §1.2 at the MX group).
+                                FP8 MoE, ladle/kernels/fused_moe_fp8.py); BK = 128 = the activation group. The e4m3
+                                activations are upcast to bf16 (exact: e4m3 is a subset of bf16) and dotted with the
+                                bf16-dequantised weights (exact, as W4A16); every product is exact in the fp32
+                                accumulator, and the step's partial is multiplied by a_scale[:, None] once. fp8 x fp8
+                                dots would need the weight scale applied per 32-group after the dot (E2M1 x 2^(s-127)
+                                leaves e4m3's range), i.e. the K = 32 dots this layout removes.
 Same structure as ladle/kernels/fused_moe.py (shared `moe_launch_plan`, `moe_tile_rows`, `store_swigluoai`):
 GEMM 1 with the swigluoai epilogue into intermediate [P, I] (x dtype), GEMM 2 with the routed weight into per-slot
 rows, combine over the k slots. Reference `fused_moe_mxfp4_ref`: dequantise (exact), then `fused_moe_ref` (W4A16)
@@ -29,7 +50,6 @@ from typing import Optional
 import torch
 
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
-from ladle.kernels.fp8_gemm import fp8_dot_step, load_weight_scale
 from ladle.kernels.fp8_quant import MX_GROUP, act_quant, dequant_mxfp4
 from ladle.kernels.fused_moe_fp8 import w8a8_moe_ref
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, fused_moe_ref, moe_launch_plan,
@@ -44,108 +64,170 @@ dispatch.register(OP_W4A8, "triton", "cuda (or cpu+TRITON_INTERPRET); MXFP4 pack
                   "(per token per 128-group)")
 
 
-@triton.jit
-def _e2m1_tile(w_base, rows, row_ok, kb, HALF_K, BK: tl.constexpr):
-    """E2M1 values (unscaled, exact) [BK, BN] float32 of K step kb (BK = 32 = one scale group): rows [BN] int64 of a
-    [rows, K/2] packed table at w_base; each byte is read for its two elements (low nibble = even k)."""
-    offs_k = tl.arange(0, BK)
-    byte = tl.load(w_base + rows[None, :] * HALF_K + kb * (BK // 2) + offs_k[:, None] // 2,
-                   mask=row_ok[None, :], other=0).to(tl.int32)
-    code = (byte >> ((offs_k[:, None] % 2) * 4)) & 0xF
-    mag_code = code & 7
-    exp = mag_code >> 1
-    man = (mag_code & 1).to(tl.float32)
-    mag = tl.where(exp == 0, man * 0.5, (1.0 + man * 0.5) * tl.exp2((exp - 1).to(tl.float32)))
-    return tl.where(code >= 8, -mag, mag)
+_TWO_POW_126: tl.constexpr = tl.constexpr(8.507059173023462e37)  # 2^126 exactly (module doc, "E2M1 -> float")
 
 
 @triton.jit
-def _mxfp4_step(a, a_s, w_base, rows, row_ok, s_base, kb, num_kb, HALF_K, acc,
-                BK: tl.constexpr, FP8_ACT: tl.constexpr, F32_DOT: tl.constexpr):
-    """One K step of 32 (one E8M0 group per weight row): acc [BM, BN] fp32 + a [BM, BK] @ W[rows, step].T.
-    W4A16: the tile is dequantised (E2M1 x 2^(e - 127)) and multiplied in a.dtype (fp32 under the interpreter).
-    W4A8 (FP8_ACT): a is fp8 with its per-token 128-group scales a_s [BM]; the E2M1 values become fp8 e4m3 exactly
-    (every E2M1 value is an e4m3 value) and `fp8_dot_step` applies a_s x the group's 2^(e - 127) after the fp8 dot."""
-    w = _e2m1_tile(w_base, rows, row_ok, kb, HALF_K, BK)
-    w_s = load_weight_scale(s_base + rows * num_kb + kb, row_ok, True)
-    if FP8_ACT:
-        if not F32_DOT:
-            w = w.to(tl.float8e4nv)
-        acc = fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT)
+def _e8m0_words(s_base, rows, row_ok, offs_w, w_ok, num_groups, BF16: tl.constexpr):
+    """Scales of a [NW, BN] tile of packed words, 2^(byte - 127) built from the bits (exact; byte 0 is the
+    subnormal 2^-127, byte 255 gives inf as exp2 did), bf16 (BF16) or float32. Word w of a row lies in its
+    32-group w // 4."""
+    ok = w_ok[:, None] & row_ok[None, :]
+    s = tl.load(s_base + rows[None, :] * num_groups + offs_w[:, None] // 4, mask=ok, other=127).to(tl.int32)
+    if BF16:
+        scale = tl.where(s == 0, 0x40, s << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
-        w = w * w_s[None, :]
-        if F32_DOT:
-            acc = tl.dot(a.to(tl.float32), w, acc, input_precision="ieee")
+        scale = tl.where(s == 0, 0x400000, s << 23).to(tl.float32, bitcast=True)
+    return scale
+
+
+@triton.jit
+def _e2m1_pair(words, scale, q: tl.constexpr, BF16: tl.constexpr):
+    """Elements q and q + 4 of each packed int32 word (bits 4q.. and 16 + 4q..; low nibble = even element),
+    [NW, BN] each, times `scale` (module doc, "E2M1 -> float"): the two nibbles are placed at once into the bf16
+    bit layout of the word's two halves; each half is value x 2^-126 (the 0.5 code is the subnormal 2^-127),
+    multiplied by 2^126 and the scale. BF16: bf16 halves and bf16 multiplies (packed on sm_90), else float32."""
+    t = words >> (4 * q)
+    p = ((t << 6) & 0x01C001C0) | ((t << 12) & -2147450880)  # masks 0x01C001C0, 0x80008000: one LOP3
+    if BF16:  # 2^126 as a bf16 tensor (bits 0x7E80): the interpreter has no bf16 scalar constants
+        two_126 = tl.full([1, 1], 0x7E80, tl.int16).to(tl.bfloat16, bitcast=True)
+        lo = p.to(tl.int16).to(tl.bfloat16, bitcast=True) * two_126
+        hi = (p >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) * two_126
+    else:
+        lo = (p << 16).to(tl.float32, bitcast=True) * _TWO_POW_126
+        hi = (p & -65536).to(tl.float32, bitcast=True) * _TWO_POW_126
+    return lo * scale, hi * scale
+
+
+@triton.jit
+def _mxfp4_dots(a_ptrs, a_ok, words, scale, acc,
+                F32_DOT: tl.constexpr, FP8_ACT: tl.constexpr, BF16: tl.constexpr):
+    """acc [BM, BN] fp32 + the K step of the packed word tile words [NW, BN] (NW words = 8 NW K elements):
+    a_ptrs [BM, NW] points at element 8w of each word w; element 8w + j is dotted with nibble j of the word, so
+    no interleave is needed: 8 dots of K = NW, each [BM, NW] @ [NW, BN]. The weight tile is dequantised with its
+    32-group scale before the dot; W4A8 (FP8_ACT) upcasts the e4m3 activations to bf16 (exact)."""
+    for q in tl.static_range(4):
+        w_lo, w_hi = _e2m1_pair(words, scale, q, BF16)
+        a_lo = tl.load(a_ptrs + q, mask=a_ok, other=0.0)
+        a_hi = tl.load(a_ptrs + (q + 4), mask=a_ok, other=0.0)
+        if F32_DOT:  # fp32 activations or the interpreter (whose bf16 tl.dot is wrong)
+            acc = tl.dot(a_lo.to(tl.float32), w_lo.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(a_hi.to(tl.float32), w_hi.to(tl.float32), acc, input_precision="ieee")
+        elif FP8_ACT:
+            acc = tl.dot(a_lo.to(tl.bfloat16), w_lo.to(tl.bfloat16), acc)
+            acc = tl.dot(a_hi.to(tl.bfloat16), w_hi.to(tl.bfloat16), acc)
         else:
-            acc = tl.dot(a, w.to(a.dtype), acc)
+            acc = tl.dot(a_lo, w_lo.to(a_lo.dtype), acc)
+            acc = tl.dot(a_hi, w_hi.to(a_hi.dtype), acc)
     return acc
 
 
 @triton.jit
 def _mxfp4_gemm1_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
-    numel, topk_cols, N_HALF, K, stride_xm, num_akb, stride_we, stride_wse, alpha, limit,
+    numel, topk_cols, N_HALF, K_WORDS, stride_xm, num_akb, stride_we, stride_wse, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8_ACT: tl.constexpr, F32_DOT: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
     tok = (slot // topk_cols).to(tl.int64)
+    NW: tl.constexpr = BK // 8
+    offs_w = tl.arange(0, NW)
     rows_g = offs_n.to(tl.int64)
-    offs_k = tl.arange(0, BK)
-    num_kb = K // BK
-    w_base = w_ptr + e * stride_we
+    rows_u = rows_g + N_HALF
+    g_ptrs = w_ptr + e * stride_we + rows_g[None, :] * K_WORDS + offs_w[:, None]  # [NW, BN] packed words
+    u_ptrs = w_ptr + e * stride_we + rows_u[None, :] * K_WORDS + offs_w[:, None]
     s_base = ws_ptr + e * stride_wse
+    a_ptrs = x_ptr + tok[:, None] * stride_xm + 8 * offs_w[None, :]  # [BM, NW]: element 8w of word w
     acc_g = tl.zeros([BM, BN], tl.float32)
     acc_u = tl.zeros([BM, BN], tl.float32)
-    for kb in range(0, num_kb):
-        a = tl.load(x_ptr + tok[:, None] * stride_xm + kb * BK + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-        if FP8_ACT:
-            a_s = tl.load(xs_ptr + tok * num_akb + kb * BK // 128, mask=row_ok, other=0.0)
+    for kb in range(0, tl.cdiv(K_WORDS, NW)):
+        kw = kb * NW + offs_w
+        w_ok = kw < K_WORDS
+        g = tl.load(g_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
+        u = tl.load(u_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
+        g_s = _e8m0_words(s_base, rows_g, n_ok, kw, w_ok, K_WORDS // 4, BF16)
+        u_s = _e8m0_words(s_base, rows_u, n_ok, kw, w_ok, K_WORDS // 4, BF16)
+        a_ok = row_ok[:, None] & w_ok[None, :]
+        if FP8_ACT:  # BK = 128 = the activation group: one scale per token per step
+            a_s = tl.load(xs_ptr + tok * num_akb + kb, mask=row_ok, other=0.0)
+            zero = tl.zeros([BM, BN], tl.float32)
+            acc_g += _mxfp4_dots(a_ptrs, a_ok, g, g_s, zero, F32_DOT, True, BF16) * a_s[:, None]
+            acc_u += _mxfp4_dots(a_ptrs, a_ok, u, u_s, zero, F32_DOT, True, BF16) * a_s[:, None]
         else:
-            a_s = tl.zeros([BM], tl.float32)  # unused by the W4A16 step
-        acc_g = _mxfp4_step(a, a_s, w_base, rows_g, n_ok, s_base, kb, num_kb, K // 2, acc_g, BK, FP8_ACT, F32_DOT)
-        acc_u = _mxfp4_step(a, a_s, w_base, rows_g + N_HALF, n_ok, s_base, kb, num_kb, K // 2, acc_u, BK, FP8_ACT,
-                            F32_DOT)
+            acc_g = _mxfp4_dots(a_ptrs, a_ok, g, g_s, acc_g, F32_DOT, False, BF16)
+            acc_u = _mxfp4_dots(a_ptrs, a_ok, u, u_s, acc_u, F32_DOT, False, BF16)
+        g_ptrs += NW
+        u_ptrs += NW
+        a_ptrs += BK
     store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit)
 
 
 @triton.jit
 def _mxfp4_gemm2_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
-    numel, N, K, num_akb, stride_we, stride_wse,
+    numel, N, K_WORDS, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8_ACT: tl.constexpr, F32_DOT: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
-    offs_k = tl.arange(0, BK)
+    NW: tl.constexpr = BK // 8
+    offs_w = tl.arange(0, NW)
     rows = offs_m.to(tl.int64)
-    num_kb = K // BK
+    cols = offs_n.to(tl.int64)
+    b_ptrs = w_ptr + e * stride_we + cols[None, :] * K_WORDS + offs_w[:, None]  # [NW, BN] packed words
+    s_base = ws_ptr + e * stride_wse
+    a_ptrs = a_ptr + rows[:, None] * (8 * K_WORDS) + 8 * offs_w[None, :]
     acc = tl.zeros([BM, BN], tl.float32)
-    for kb in range(0, num_kb):
-        a = tl.load(a_ptr + rows[:, None] * K + kb * BK + offs_k[None, :])
+    for kb in range(0, tl.cdiv(K_WORDS, NW)):
+        kw = kb * NW + offs_w
+        w_ok = kw < K_WORDS
+        b = tl.load(b_ptrs, mask=w_ok[:, None] & n_ok[None, :], other=0)
+        b_s = _e8m0_words(s_base, cols, n_ok, kw, w_ok, K_WORDS // 4, BF16)
         if FP8_ACT:
-            a_s = tl.load(as_ptr + rows * num_akb + kb * BK // 128)
+            a_s = tl.load(as_ptr + rows * num_akb + kb)
+            zero = tl.zeros([BM, BN], tl.float32)
+            acc += _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, zero, F32_DOT, True, BF16) * a_s[:, None]
         else:
-            a_s = tl.zeros([BM], tl.float32)  # unused by the W4A16 step
-        acc = _mxfp4_step(a, a_s, w_ptr + e * stride_we, offs_n.to(tl.int64), n_ok, ws_ptr + e * stride_wse, kb,
-                          num_kb, K // 2, acc, BK, FP8_ACT, F32_DOT)
+            acc = _mxfp4_dots(a_ptrs, w_ok[None, :], b, b_s, acc, F32_DOT, False, BF16)
+        b_ptrs += NW
+        a_ptrs += BK
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
     out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out, acc * wt[:, None], mask=row_ok[:, None] & n_ok[None, :])
 
 
+def mxfp4_block_k(fp8_activations: bool, block_k: Optional[int] = None) -> int:
+    """K elements per step of the MXFP4 kernels: 128 (dots of K = BK / 8 = 16, the bf16 MMA's K; W4A8: its
+    activation group, one a_scale per token per step). Offline ptxas for sm_90 (Triton 3.6, arguments specialized
+    as launched, decode tiles 16 x 32 / 16 x 64, 4 warps, 3 stages): BK 128 uses 64-80 registers and 7.1 inner-loop
+    instructions per weight element (W4A16, bf16 dequant), BK 256 104-160 registers and 7.5-7.7, so 256 is only
+    the W4A16 A/B option (block_k) of benchmarks/gpu_mxfp4_ab.py."""
+    if fp8_activations:
+        assert block_k in (None, 128), "W4A8 steps K by its activation group (128)"
+        return 128
+    assert block_k in (None, 128, 256), f"block_k {block_k}: 128 or 256"
+    return block_k or 128
+
+
 def fused_moe_mxfp4_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
-    config: Optional[MoETileConfig] = None, fp8_activations: bool = False,
+    config: Optional[MoETileConfig] = None, fp8_activations: bool = False, block_k: Optional[int] = None,
+    dequant: str = "bf16",
 ) -> torch.Tensor:
     """x [T, H] float, w13 / w2 packed MXFP4 with E8M0 scales (module doc), topk_ids [T, k] int32,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. H and I must be multiples of 32. fp8_activations: W4A8 (x and
-    the intermediate quantized per token per 128-group by op "fp8_act_quant"), else W4A16."""
+    the intermediate quantized per token per 128-group by op "fp8_act_quant"), else W4A16. block_k: K step
+    (`mxfp4_block_k`; config.block_k is not used). dequant: "bf16" (`_e2m1_pair` in bf16 arithmetic; fp32-dot
+    launches, incl. the interpreter, always use "f32") or "f32" (float32; the same values): the A/B switch of
+    benchmarks/gpu_mxfp4_ab.py."""
     T, H = x.shape
     E, two_i, half_h = w13.shape
     I = two_i // 2
@@ -161,20 +243,23 @@ def fused_moe_mxfp4_triton(
         topk_ids, E, H, I, config, MX_GROUP, "w4a8" if fp8_activations else "mxfp4")
     bm, P = cfg.block_m, sorted_ids.numel()
     f32 = interpreting() or (x.dtype == torch.float32 and not fp8_activations)
+    assert dequant in ("bf16", "f32"), dequant
+    bf16 = dequant == "bf16" and not f32  # fp32 dots dequantise in fp32 (the interpreter's bf16 arithmetic is wrong)
+    w13_words, w2_words = w13.view(torch.int32), w2.view(torch.int32)  # 8 E2M1 codes per word (little endian)
     a, a_s = act_quant(x.contiguous(), use_triton=True) if fp8_activations else (x, x)
     inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
     _mxfp4_gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](
-        a, a_s, w13, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H, a.stride(0),
-        a_s.shape[1] if fp8_activations else 0, w13.stride(0), w13_scale.stride(0), float(alpha), float(limit),
-        BM=bm, BN=bn1, BK=MX_GROUP, FP8_ACT=fp8_activations, F32_DOT=f32, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        a, a_s, w13_words, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H // 8, a.stride(0),
+        a_s.shape[1] if fp8_activations else 0, w13_words.stride(0), w13_scale.stride(0), float(alpha), float(limit),
+        BM=bm, BN=bn1, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
+        BF16=bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     i_q, i_s = act_quant(inter, use_triton=True) if fp8_activations else (inter, inter)
     out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
     _mxfp4_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
-        i_q, i_s, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
-        i_s.shape[1] if fp8_activations else 0, w2.stride(0), w2_scale.stride(0),
-        BM=bm, BN=bn2, BK=MX_GROUP, FP8_ACT=fp8_activations, F32_DOT=f32, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        i_q, i_s, w2_words, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H,
+        I // 8, i_s.shape[1] if fp8_activations else 0, w2_words.stride(0), w2_scale.stride(0),
+        BM=bm, BN=bn2, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
+        BF16=bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out_slots.view(T, k, H).sum(dim=1).to(x.dtype)
 
 
