@@ -234,7 +234,7 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
             ids = chat_prompt_ids(ctx.tokenizer, ChatCompletionRequest(
                 messages=req.messages, chat_template_kwargs=req.chat_template_kwargs,
                 add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
-                tools=req.tools))
+                tools=req.tools), add_special_tokens=bool(req.add_special_tokens))  # None: off, the template adds them
         strs = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ids] if req.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs)
 

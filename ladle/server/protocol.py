@@ -258,7 +258,7 @@ class TokenizeRequest(OpenAIModel):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[ChatMessage]] = None
-    add_special_tokens: Optional[bool] = None
+    add_special_tokens: Optional[bool] = None  # unset: True for `prompt`, False for `messages` (vLLM's defaults)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None

@@ -60,8 +60,9 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
-def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
-    """`req.messages` through the chat template (chat_template_kwargs, continue_final_message, tools), tokenized.
+def chat_prompt_ids(tokenizer, req: ChatCompletionRequest, add_special_tokens: bool = False) -> list[int]:
+    """`req.messages` through the chat template (chat_template_kwargs, continue_final_message, tools), tokenized
+    (`add_special_tokens`: the tokenizer's own on top of the template's; /tokenize's field).
     Blocking: call it off the event loop. The request's text was checked already (validation.check_model_fields).
     Template errors are the client's (the template rejects these messages, roles, tools or kwargs): a 400 that
     quotes the template's own message (jinja2.TemplateError, raised by `raise_exception` in the template) or
@@ -76,7 +77,7 @@ def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
     try:
         return apply_chat_template(tokenizer, messages,
                                    add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                                   **kwargs)
+                                   add_special_tokens=add_special_tokens, **kwargs)
     except OpenAIError:
         raise
     except jinja2.TemplateError as e:
