@@ -49,3 +49,57 @@ def test_tokenize_messages_honours_add_special_tokens(bos_server):
     assert default == off == template
     assert on == [IM_START] + template
     assert prompt == [IM_START] + list(b"hi") and prompt_off == list(b"hi")
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TWO_CALLS = ('Checking both.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+             '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def hermes_server():
+    handle, server, thread = _serve(FakeEngineClient(), tool_call_parser="hermes", enable_auto_tool_choice=True)
+    yield handle
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _chat_calls(client, stream: bool, **extra) -> tuple[str, list[dict], str]:
+    """(content, tool calls as message dicts, finish_reason) of one chat request, streamed or not."""
+    from ladle.server.parsers import assemble_deltas
+    from sse import stream_events
+
+    body = {"messages": [{"role": "user", "content": "Paris and Rome?"}], "tools": TOOLS, "max_tokens": 400,
+            "temperature": 0, **extra}
+    if not stream:
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        return choice["message"]["content"], choice["message"]["tool_calls"], choice["finish_reason"]
+    status, events = stream_events(client, "/v1/chat/completions", dict(body, stream=True))
+    assert status == 200, events
+    chunks = [e["choices"][0] for e in events if e.get("choices")]
+    content, calls = assemble_deltas(c["delta"] for c in chunks)
+    return content, calls, [c["finish_reason"] for c in chunks if c["finish_reason"]][-1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_returns_the_first_call_only(hermes_server, stream):
+    hermes_server.engine.script = TWO_CALLS
+    with hermes_server.client() as c:
+        for extra in ({}, {"parallel_tool_calls": True}, {"parallel_tool_calls": None}):
+            content, calls, finish = _chat_calls(c, stream, **extra)
+            assert [json.loads(t["function"]["arguments"]) for t in calls] == [{"city": "Paris"}, {"city": "Rome"}]
+            assert content == "Checking both." and finish == "tool_calls"
+        content, calls, finish = _chat_calls(c, stream, parallel_tool_calls=False)
+    assert [json.loads(t["function"]["arguments"]) for t in calls] == [{"city": "Paris"}]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert content == "Checking both." and finish == "tool_calls"
+
+
+def test_parallel_tool_calls_must_be_a_boolean(hermes_server):
+    with hermes_server.client() as c:
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                 "parallel_tool_calls": "sometimes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "parallel_tool_calls", r.text
