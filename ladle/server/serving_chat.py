@@ -29,7 +29,7 @@ from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingC
                                          include_usage, make_sampling_params, make_usage, merge_runs, prepare,
                                          resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
 from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
-from ladle.server.validation import check_int_range, check_sampling_fields, check_template_kwargs
+from ladle.server.validation import check_logprobs_count, check_sampling_fields, check_template_kwargs
 
 logger = logging.getLogger("ladle.server")
 
@@ -132,7 +132,7 @@ class ChatHandler:
         ctx.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
-        check_int_range(req.top_logprobs, 0, ctx.limits.max_logprobs, "top_logprobs", " (--max-logprobs)")
+        check_logprobs_count(req.top_logprobs, ctx.limits, ctx.vocab_size, "top_logprobs")
         if req.echo:  # accepted by the schema (vLLM's field), never honoured: refused
             raise OpenAIError("not supported yet: echo in chat completions", 400, "echo")
         if req.response_format and req.response_format.get("type", "text") != "text":

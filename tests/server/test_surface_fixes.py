@@ -103,3 +103,43 @@ def test_parallel_tool_calls_must_be_a_boolean(hermes_server):
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                  "parallel_tool_calls": "sometimes"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "parallel_tool_calls", r.text
+
+
+@pytest.fixture(scope="module")
+def wide_logprobs_server():
+    handle, server, thread = _serve(FakeEngineClient(), max_logprobs=50)
+    yield handle
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_max_logprobs_above_20_is_honoured(wide_logprobs_server):
+    user = [{"role": "user", "content": "hi"}]
+    with wide_logprobs_server.client() as c:
+        # greedy: the fake writes "H", its 30 alternatives are the next 30 ASCII characters
+        r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "temperature": 0, "logprobs": 30})
+        assert r.status_code == 200, r.text
+        top = r.json()["choices"][0]["logprobs"]["top_logprobs"]
+        assert len(top) == 1 and len(top[0]) == 31  # 30 alternatives and the chosen token
+        r = c.post("/v1/chat/completions", json={"messages": user, "max_tokens": 2, "logprobs": True,
+                                                 "top_logprobs": 30})
+        assert r.status_code == 200, r.text
+        assert all(len(t["top_logprobs"]) == 30 for t in r.json()["choices"][0]["logprobs"]["content"])
+        # the server's own limit gives the 400, naming the field and the flag
+        r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 51})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+        assert "--max-logprobs" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", json={"messages": user, "logprobs": True, "top_logprobs": 51})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs", r.text
+
+
+def test_max_logprobs_beyond_the_vocabulary_is_bounded_by_it():
+    handle, server, thread = _serve(FakeEngineClient(), max_logprobs=10 ** 6)
+    try:
+        with handle.client() as c:
+            r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "logprobs": 259})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+        assert "258" in r.json()["error"]["message"]  # FakeTokenizer's vocabulary size
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
