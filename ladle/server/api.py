@@ -129,9 +129,12 @@ class EdgeMiddleware:
 
 async def _send_error(send: Any, message: str, status: int, param: Optional[str] = None,
                       close: bool = False) -> None:
-    headers = [(b"content-type", b"application/json")] + ([(b"connection", b"close")] if close else [])
+    """The same body and headers as the app's error responses (errors.ErrorJSONResponse), from the middleware."""
+    body = error_json(message, status, param)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(b"connection", b"close")] if close else []
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": error_json(message, status, param)})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _send_too_large(send: Any, size: Optional[int], limit: int) -> None:

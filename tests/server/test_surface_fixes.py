@@ -143,3 +143,35 @@ def test_max_logprobs_beyond_the_vocabulary_is_bounded_by_it():
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_every_error_body_has_one_shape_413_included():
+    """413 (refused in the ASGI middleware before any parsing), 401 (middleware), 400 / 404 / 405 (the app's
+    handlers): the same OpenAI body, rendered by one serializer, with a Content-Length and an `...Error` type."""
+    handle, server, thread = _serve(FakeEngineClient(), api_key="k", max_request_body_bytes=1000)
+    auth = {"authorization": "Bearer k", "content-type": "application/json"}
+    try:
+        with handle.client() as c:
+            cases = [
+                (413, None, c.post("/v1/completions", content=json.dumps({"prompt": "x" * 2000}), headers=auth)),
+                (413, None, c.post("/v1/completions", content=iter((b'{"prompt": "' + b"x" * 600, b"x" * 600)),
+                                   headers=auth)),  # chunked: refused while reading
+                (401, None, c.post("/v1/completions", json={"prompt": "a"})),
+                (400, "n", c.post("/v1/completions", content=json.dumps({"prompt": "a", "n": 1000}), headers=auth)),
+                (404, None, c.get("/nope")),
+                (405, None, c.get("/v1/completions", headers=auth)),
+            ]
+        for status, param, r in cases:
+            assert r.status_code == status, (status, r.text)
+            assert r.headers["content-type"] == "application/json"
+            assert int(r.headers["content-length"]) == len(r.content), (status, dict(r.headers))
+            body = r.json()
+            assert r.content == json.dumps(body, separators=(",", ":")).encode(), (status, r.content)
+            err = body["error"]
+            assert set(body) == {"error"} and set(err) == {"message", "type", "param", "code"}
+            assert err["code"] == status and err["param"] == param and err["message"]
+            assert err["type"].endswith("Error") and err["type"][0].isupper(), err
+        assert {r.json()["error"]["type"] for s, _, r in cases if s == 413} == {"RequestTooLargeError"}
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
