@@ -18,7 +18,8 @@ class SamplingParams:
     `seed`: per-request seed; the engine gives choice i of `n` the seed `seed + i`.
     `max_tokens` None: filled by the engine with max_model_len - prompt length.
     `logprobs`: number of top logprobs per generated token (the sampled token's logprob is always
-    returned when this is not None). `prompt_logprobs`: same for prompt tokens (None = off).
+    returned when this is not None). `prompt_logprobs`: same for prompt tokens (None = off). Both >= 0; their upper
+    bound is the front end's (`check_logprobs_limit`).
     Raises ValueError on any out-of-range value.
     """
 
@@ -81,14 +82,24 @@ class SamplingParams:
             bad(f"min_tokens must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            bad(f"logprobs must be in [0, 20], got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            bad(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        # No fixed upper bound: the front end sets it (the server's --max-logprobs, the offline LLM's vocabulary;
+        # check_logprobs_limit).
+        if self.logprobs is not None and self.logprobs < 0:
+            bad(f"logprobs must be non-negative, got {self.logprobs}")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            bad(f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
         if self.seed is not None and not isinstance(self.seed, int):
             bad(f"seed must be an integer, got {self.seed!r}")
+
+    def check_logprobs_limit(self, limit: int, what: str) -> None:
+        """ValueError naming the field when `logprobs` or `prompt_logprobs` exceeds `limit` (`what` names the
+        limit, e.g. "the vocabulary size")."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > limit:
+                raise ValueError(f"{name} must be in [0, {limit}] ({what}), got {value}")
 
     @property
     def greedy(self) -> bool:

@@ -49,7 +49,8 @@ class LLM:
         """Generate for every prompt (strings are tokenized; token-id lists used as is) and return one final
         RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs).
 
-        Raises RequestRejected (nothing of this call stays queued) when a request can never fit.
+        Raises RequestRejected (nothing of this call stays queued) when a request can never fit, ValueError when
+        logprobs / prompt_logprobs exceed the vocabulary size.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -58,6 +59,9 @@ class LLM:
         params_list = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
                        else [sampling_params] * len(prompts))
         assert len(params_list) == len(prompts), "one SamplingParams per prompt, or a single one"
+        if self.tokenizer is not None:  # the runner's top-k cannot give more alternatives than the vocabulary has
+            for params in params_list:
+                params.check_logprobs_limit(len(self.tokenizer), "the vocabulary size")
         order: list[str] = []
         try:
             requests = []

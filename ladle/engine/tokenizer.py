@@ -51,10 +51,12 @@ def eos_token_ids(tokenizer: Any, generation_config: Optional[dict] = None) -> t
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True,
-                        **template_kwargs: Any) -> list[int]:
-    """Render `messages` with the model's chat template and tokenize. Raises ValueError without a template."""
+                        add_special_tokens: bool = False, **template_kwargs: Any) -> list[int]:
+    """Render `messages` with the model's chat template and tokenize. Raises ValueError without a template.
+    `add_special_tokens`: the tokenizer's own (BOS ...) on top of what the template writes; off by default, the
+    template writes them (vLLM's /tokenize default for messages too)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template; use the completions API")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                          **template_kwargs)
-    return tokenizer(text, add_special_tokens=False).input_ids
+    return tokenizer(text, add_special_tokens=add_special_tokens).input_ids

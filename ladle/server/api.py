@@ -129,9 +129,12 @@ class EdgeMiddleware:
 
 async def _send_error(send: Any, message: str, status: int, param: Optional[str] = None,
                       close: bool = False) -> None:
-    headers = [(b"content-type", b"application/json")] + ([(b"connection", b"close")] if close else [])
+    """The same body and headers as the app's error responses (errors.ErrorJSONResponse), from the middleware."""
+    body = error_json(message, status, param)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(b"connection", b"close")] if close else []
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": error_json(message, status, param)})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _send_too_large(send: Any, size: Optional[int], limit: int) -> None:
@@ -234,7 +237,7 @@ def build_app(engine: EngineClient, server_config: Optional[ServerConfig] = None
             ids = chat_prompt_ids(ctx.tokenizer, ChatCompletionRequest(
                 messages=req.messages, chat_template_kwargs=req.chat_template_kwargs,
                 add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
-                tools=req.tools))
+                tools=req.tools), add_special_tokens=bool(req.add_special_tokens))  # None: off, the template adds them
         strs = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ids] if req.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids, token_strs=strs)
 

@@ -10,6 +10,9 @@ Rules:
   stop token id) in the output, so the end-of-turn marker does not reach the client.
 * `finish_reason` is "tool_calls" when the choice stopped by itself ("stop") after emitting a tool call (OpenAI's
   meaning: "the model called a tool"); "length" and "abort" are kept, the client must know the output was cut.
+* `parallel_tool_calls: false` keeps the first parsed call (index 0) and drops the others, streaming and not; the
+  text around them is kept. ladle cannot stop the model from writing more calls, so it filters them, as vLLM does
+  (its `maybe_filter_parallel_tool_calls`, applied to both chat generators).
 * A `tool_choice` the output missed ("required" with no call) is logged as a warning, the answer is returned as
   generated (tool_choice.py explains why).
 """
@@ -47,6 +50,7 @@ class ChatOutputs:
         self.reasoning_parser = limits.reasoning_parser
         self.template_kwargs = req.chat_template_kwargs
         self.tools = req.tools
+        self.first_call_only = req.parallel_tool_calls is False
         self._parsers: dict[int, ChatOutputParser] = {}
         self._calls: dict[int, list[dict[str, Any]]] = {}
 
@@ -69,6 +73,8 @@ class ChatOutputs:
             return [{"content": text_delta}]
         parser = self._parser(index)
         bodies = (parser.feed(text_delta) if text_delta else []) + (parser.finish() if final else [])
+        if self.first_call_only:
+            bodies = [b for b in map(_first_call_only, bodies) if b]
         self._calls.setdefault(index, []).extend(b for b in bodies if "tool_calls" in b)
         if final:
             self._warn_unmet(assemble_deltas(self._calls.pop(index))[1])
@@ -80,6 +86,8 @@ class ChatOutputs:
         if not self.active:
             return {"content": text}
         out = self._parser(index).extract(text)
+        if self.first_call_only:
+            out["tool_calls"] = out["tool_calls"][:1]
         self._warn_unmet(out["tool_calls"])
         return out
 
@@ -93,3 +101,12 @@ class ChatOutputs:
     def _warn_unmet(self, tool_calls: list[dict[str, Any]]) -> None:
         if self.plan.run_parser and (message := unmet_tool_choice(self.plan, tool_calls)) is not None:
             logger.warning("%s; returning the output as generated", message)
+
+
+def _first_call_only(body: dict[str, Any]) -> dict[str, Any]:
+    """A delta body without its tool-call items past the first call (index > 0); {} when nothing is left."""
+    if "tool_calls" not in body:
+        return body
+    items = [item for item in body["tool_calls"] if item["index"] == 0]
+    rest = {k: v for k, v in body.items() if k != "tool_calls"}
+    return dict(rest, tool_calls=items) if items else rest

@@ -1,7 +1,8 @@
 """OpenAI error bodies and the mapping from exceptions to HTTP status codes.
 
-Body: {"error": {"message", "type", "param", "code"}} (OpenAI's shape; vLLM uses the same).
-FastAPI's 422 for request validation is replaced by 400 with this body.
+Body: {"error": {"message", "type", "param", "code"}} (OpenAI's shape; vLLM uses the same), `type` a name ending in
+"Error", rendered by one serializer (`error_json`) whether a handler or ladle.server.api's ASGI middleware (401,
+413, last-resort 500) answers. FastAPI's 422 for request validation is replaced by 400 with this body.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
-    405: "MethodNotAllowed",
-    413: "RequestTooLarge",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
@@ -48,14 +49,20 @@ def error_body(message: str, status: int, param: Optional[str] = None, err_type:
     return ErrorResponse(error=ErrorInfo(message=message, type=err.err_type, param=param, code=status)).model_dump()
 
 
+def render_error(content: Any) -> bytes:
+    """An error body as bytes, compact. ASCII-escaped: an error about text that is not valid Unicode must still
+    render."""
+    return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def error_json(message: str, status: int, param: Optional[str] = None) -> bytes:
-    """The error body as bytes. ASCII-escaped: an error about text that is not valid Unicode must still render."""
-    return json.dumps(error_body(message, status, param), ensure_ascii=True).encode()
+    """The error body as bytes (for answers sent below the app, by the ASGI middleware)."""
+    return render_error(error_body(message, status, param))
 
 
 class ErrorJSONResponse(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+        return render_error(content)
 
 
 def error_response(message: str, status: int, param: Optional[str] = None) -> JSONResponse:

@@ -165,6 +165,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Optional[int] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None  # unset / true: every parsed call; false: the first one only
     response_format: Optional[dict[str, Any]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     add_generation_prompt: bool = True
@@ -258,7 +259,7 @@ class TokenizeRequest(OpenAIModel):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[ChatMessage]] = None
-    add_special_tokens: Optional[bool] = None
+    add_special_tokens: Optional[bool] = None  # unset: True for `prompt`, False for `messages` (vLLM's defaults)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None

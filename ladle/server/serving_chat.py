@@ -29,7 +29,7 @@ from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingC
                                          include_usage, make_sampling_params, make_usage, merge_runs, prepare,
                                          resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
 from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
-from ladle.server.validation import check_int_range, check_sampling_fields, check_template_kwargs
+from ladle.server.validation import check_logprobs_count, check_sampling_fields, check_template_kwargs
 
 logger = logging.getLogger("ladle.server")
 
@@ -60,8 +60,9 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
-def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
-    """`req.messages` through the chat template (chat_template_kwargs, continue_final_message, tools), tokenized.
+def chat_prompt_ids(tokenizer, req: ChatCompletionRequest, add_special_tokens: bool = False) -> list[int]:
+    """`req.messages` through the chat template (chat_template_kwargs, continue_final_message, tools), tokenized
+    (`add_special_tokens`: the tokenizer's own on top of the template's; /tokenize's field).
     Blocking: call it off the event loop. The request's text was checked already (validation.check_model_fields).
     Template errors are the client's (the template rejects these messages, roles, tools or kwargs): a 400 that
     quotes the template's own message (jinja2.TemplateError, raised by `raise_exception` in the template) or
@@ -76,7 +77,7 @@ def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
     try:
         return apply_chat_template(tokenizer, messages,
                                    add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                                   **kwargs)
+                                   add_special_tokens=add_special_tokens, **kwargs)
     except OpenAIError:
         raise
     except jinja2.TemplateError as e:
@@ -131,7 +132,7 @@ class ChatHandler:
         ctx.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
-        check_int_range(req.top_logprobs, 0, ctx.limits.max_logprobs, "top_logprobs", " (--max-logprobs)")
+        check_logprobs_count(req.top_logprobs, ctx.limits, ctx.vocab_size, "top_logprobs")
         if req.echo:  # accepted by the schema (vLLM's field), never honoured: refused
             raise OpenAIError("not supported yet: echo in chat completions", 400, "echo")
         if req.response_format and req.response_format.get("type", "text") != "text":

@@ -21,7 +21,7 @@ from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingC
                                          include_usage, make_sampling_params, make_usage, merge_runs, prepare,
                                          resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
 from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
-from ladle.server.validation import check_int_range, check_sampling_fields
+from ladle.server.validation import check_logprobs_count, check_sampling_fields
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -88,7 +88,7 @@ class CompletionHandler:
         ctx = self.ctx
         check_sampling_fields(req, ctx.limits, ctx.vocab_size)
         ctx.check_model(req.model)
-        check_int_range(req.logprobs, 0, ctx.limits.max_logprobs, "logprobs", " (--max-logprobs)")
+        check_logprobs_count(req.logprobs, ctx.limits, ctx.vocab_size, "logprobs")
         if req.suffix:
             raise OpenAIError("not supported yet: suffix", 400, "suffix")
         if req.best_of is not None and req.best_of != req.n:

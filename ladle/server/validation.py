@@ -6,8 +6,8 @@ engine. Each failure is an OpenAIError(400) whose `param` names the field (a dot
   JSON may carry a lone UTF-16 surrogate ("\\ud800"), which Python keeps in the str and tokenizers refuse.
 - Numbers: every float must be finite and inside float32's range (the sampler computes in float32, where 1e308
   is infinity).
-- Limits (ServerConfig): n, logprobs / top_logprobs, prompts per request, stop strings (count, length) and
-  stop_token_ids (count, vocabulary range). max_tokens is bounded by max_model_len (resolve_max_tokens).
+- Limits (ServerConfig): n, logprobs / top_logprobs (also at most the vocabulary size), prompts per request, stop
+  strings (count, length) and stop_token_ids (count, vocabulary range). max_tokens is bounded by max_model_len (resolve_max_tokens).
 """
 
 from __future__ import annotations
@@ -69,6 +69,13 @@ def check_model_fields(model: BaseModel, prefix: str = "") -> None:
 def check_int_range(value: Optional[int], low: int, high: int, param: str, hint: str = "") -> None:
     if value is not None and not low <= value <= high:
         raise OpenAIError(f"{param} must be in [{low}, {high}]{hint}, got {value}", 400, param)
+
+
+def check_logprobs_count(value: Optional[int], limits: ServerConfig, vocab_size: int, param: str) -> None:
+    """400 unless 0 <= value <= --max-logprobs, and at most the vocabulary size (top-k has no more to give)."""
+    if vocab_size < limits.max_logprobs:
+        check_int_range(value, 0, vocab_size, param, " (the vocabulary size)")
+    check_int_range(value, 0, limits.max_logprobs, param, " (--max-logprobs)")
 
 
 def check_sampling_fields(req: Any, limits: ServerConfig, vocab_size: int) -> None:

@@ -78,7 +78,14 @@ class HermesToolParser(ToolCallParser):
 
 
 class Llama3JsonToolParser(ToolCallParser):
-    """`<|python_tag|>`? `{json}` (`;` `{json}`)* (module docstring)."""
+    """`<|python_tag|>`? `{json}` (`;` `{json}`)* (module docstring).
+
+    Streaming is linear in the output: a brace/string scanner follows each delta once and finds where the current
+    object closes; the text is decoded only then (once per call), and the fed text is joined into the buffer only
+    at such points (a call, malformed text, the end). Same results as decoding the whole buffer after every
+    delta: a JSON object's text ends where its braces balance outside strings, and a balanced prefix that does not
+    decode never decodes (the decoder stops at the error), so it waits for the end like an incomplete one.
+    """
 
     name = "llama3_json"
     PYTHON_TAG = "<|python_tag|>"
@@ -86,16 +93,38 @@ class Llama3JsonToolParser(ToolCallParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._state = "deciding"  # -> "calls" | "content"
-        self._pos = 0  # in "calls": parse position in self._buf (which keeps the section from its start)
+        self._ws = 0  # in "deciding": leading whitespace of self._buf already skipped
         self._decoder = json.JSONDecoder()
+        # in "calls": self._buf holds the section from its start (from around the last call's end once a call was
+        # made); self._tail the text fed since, not yet joined to it (self._tail_len characters).
+        self._tail: list[str] = []
+        self._tail_len = 0
+        self._pos = 0  # where the next call (after separators) starts in self._buf
+        self._at = 0  # how far the scanner has read, in self._buf + self._tail
+        self._depth = 0  # brace depth of the object being read (0: between calls)
+        self._in_str = self._escaped = False
+        self._undecodable = False  # the object closed but did not decode: content once the output ends
+
+    def feed(self, delta_text: str) -> list[dict[str, Any]]:
+        if self._state != "calls":
+            return super().feed(delta_text)
+        offset = len(self._buf) + self._tail_len
+        self._tail.append(delta_text)
+        self._tail_len += len(delta_text)
+        event = self._scan(delta_text, offset)
+        if event is not None:  # a call closed or malformed text: join and parse
+            self._parse_calls(final=False, event=event)
+        return self._take()
 
     def _consume(self, final: bool) -> None:
         if self._state == "deciding":
-            body = self._buf.lstrip()
+            buf = self._buf
+            while self._ws < len(buf) and buf[self._ws].isspace():  # what str.lstrip() strips
+                self._ws += 1
+            body = buf[self._ws:]
             if body.startswith(self.PYTHON_TAG) or body.startswith("{"):
                 self._state = "calls"
-                self._pos = len(self._buf) - len(body)
-                self._pos += len(self.PYTHON_TAG) if body.startswith(self.PYTHON_TAG) else 0
+                self._pos = self._at = self._ws + (len(self.PYTHON_TAG) if body.startswith(self.PYTHON_TAG) else 0)
             elif not final and self.PYTHON_TAG.startswith(body):  # "" or a prefix of the tag: undecided
                 return
             else:
@@ -106,30 +135,74 @@ class Llama3JsonToolParser(ToolCallParser):
             return
         self._parse_calls(final)
 
-    def _parse_calls(self, final: bool) -> None:
-        buf = self._buf
+    def _scan(self, text: str, offset: int) -> Optional[str]:
+        """Read `text` (at `offset` in self._buf + self._tail) from self._at on: skip separators between calls
+        (moving self._pos), follow braces and strings inside an object. Stops at "closed" (self._at just past the
+        object's closing brace) or "malformed" (self._at at a character that cannot start a call); None when
+        `text` ran out first."""
+        if self._undecodable:
+            self._at = offset + len(text)
+            return None
+        i = self._at - offset
+        while i < len(text):
+            c = text[i]
+            i += 1
+            if self._depth == 0:
+                if c.isspace() or (c == ";" and self._num_calls > 0):
+                    self._pos = offset + i
+                    continue
+                if c != "{":
+                    self._at = offset + i - 1
+                    return "malformed"
+                self._depth = 1
+            elif self._in_str:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_str = False
+            elif c == '"':
+                self._in_str = True
+            elif c == "{":
+                self._depth += 1
+            elif c == "}":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._at = offset + i
+                    return "closed"
+        self._at = offset + len(text)
+        return None
+
+    def _parse_calls(self, final: bool, event: Optional[str] = None) -> None:
+        """Join the fed text to the buffer and act on the scanner's events (`event`: one already found by
+        `feed`): decode a closed object (a call, or malformed), treat malformed text as content, and at the end
+        resolve what is left."""
+        if self._tail:
+            self._buf += "".join(self._tail)
+            self._tail, self._tail_len = [], 0
         while True:
-            pos = self._skip_separators(buf, self._pos)
-            if pos == len(buf) and not (final and self._num_calls == 0):
-                if final:
-                    self._buf = ""
+            found, event = event if event is not None else self._scan(self._buf, 0), None
+            if found is None and not final:
+                if self._num_calls > 0 and self._pos > 0:  # only what follows the last call is needed again
+                    self._buf = self._buf[self._pos:]
+                    self._at -= self._pos
+                    self._pos = 0
                 return
-            call, end = None, pos
-            if pos < len(buf) and buf[pos] == "{":
+            if found is None and self._depth == 0 and not self._undecodable and self._num_calls > 0:
+                self._buf = ""  # the output ended between calls
+                return
+            call = None  # the output ended inside an object or before any call, or malformed text: content
+            if found == "closed":
                 try:
-                    obj, end = self._decoder.raw_decode(buf, pos)
+                    obj, end = self._decoder.raw_decode(self._buf, self._pos)
                     call = call_from_json(obj, ("parameters", "arguments"))
-                except (ValueError, RecursionError):
-                    if not final:
-                        return  # maybe incomplete: wait for more text
+                except (ValueError, RecursionError):  # not JSON, or nested too deep for the decoder
+                    self._undecodable = True
+                    continue  # it waits for the end, then it is content
             if call is None:  # malformed: the rest (or, with no call yet, everything) is content
-                self._emit_content(buf if self._num_calls == 0 else buf[pos:])
+                self._emit_content(self._buf if self._num_calls == 0 else self._buf[self._pos:])
                 self._state, self._buf = "content", ""
                 return
             self._emit_call(*call)
-            self._pos = end
-
-    def _skip_separators(self, buf: str, pos: int) -> int:
-        while pos < len(buf) and (buf[pos].isspace() or (buf[pos] == ";" and self._num_calls > 0)):
-            pos += 1
-        return pos
+            self._pos = self._at = end
