@@ -118,14 +118,15 @@ def _stop_quietly(signum: int, frame: object) -> None:
 def cmd_serve(argv: list[str]) -> int:
     parser = serve_parser()
     engine_config, server_config, _ = configs_or_refusal(parser, argv)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    logger.info("ladle serve: configuration accepted (model %s); starting the engine",
-                engine_config.model.model or "the embedded default")
-    raise_open_files_limit()
     # Ctrl-C and SIGTERM end with status 0 and no traceback, also while the model loads (the server installs its
-    # own SIGTERM handler once it serves; uvicorn re-raises Ctrl-C as KeyboardInterrupt when it has shut down).
+    # own SIGTERM handler once it serves; uvicorn re-raises Ctrl-C as KeyboardInterrupt when it has shut down). The
+    # handler goes in before the first log line, so a signal sent on seeing that line finds it installed.
     signal.signal(signal.SIGTERM, _stop_quietly)
     try:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        logger.info("ladle serve: configuration accepted (model %s); starting the engine",
+                    engine_config.model.model or "the embedded default")
+        raise_open_files_limit()
         from ladle.server.api import run_server
 
         return run_server(engine_config, server_config)
