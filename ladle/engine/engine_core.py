@@ -107,8 +107,12 @@ class EngineCore:
         # device->host copy of the sampled ids, so it includes device time; asynchronous mode: the launch only, which
         # on CUDA returns once the work is queued), "wait" (asynchronous mode: blocked on a launched step's results,
         # i.e. device time not hidden behind host work; 0 in synchronous mode), "update" (Scheduler.update: the
-        # EngineOutputs)
-        self.step_host_s: dict[str, float] = {"schedule": 0.0, "execute": 0.0, "wait": 0.0, "update": 0.0}
+        # EngineOutputs), "device_idle" (asynchronous mode on CUDA: seconds the device had no step queued between two
+        # consecutive steps while requests were unfinished, from the steps' CUDA events: the host time NOT hidden
+        # behind device work; `_note_device_idle`)
+        self.step_host_s: dict[str, float] = {"schedule": 0.0, "execute": 0.0, "wait": 0.0, "update": 0.0,
+                                              "device_idle": 0.0}
+        self._last_done_event: Any = None  # the CUDA event after the last completed step's device work
         self.num_steps = 0
 
     # ---- requests ----------------------------------------------------------------------------------
@@ -245,10 +249,22 @@ class EngineCore:
             return self._fail(chunks, exc)
         t1 = time.perf_counter()
         outputs = self.scheduler.update(step.scheduler_output, runner_output)
+        self._note_device_idle(step.handle)
         self.step_host_s["wait"] += t1 - t0
         self.step_host_s["update"] += time.perf_counter() - t1
         observe_steps.end(self, step.scheduler_output, step.observed)
         return outputs
+
+    def _note_device_idle(self, handle: Any) -> None:
+        """Add the device's idle gap between the previous completed step and this one (`handle`'s begin_event, both
+        complete once this step's results are on the host) to step_host_s["device_idle"]. The gap after a step that
+        left no unfinished request is idle time of the service, not of the engine: the chain restarts there."""
+        begin, done = getattr(handle, "begin_event", None), getattr(handle, "done_event", None)
+        if begin is None:
+            return
+        if self._last_done_event is not None:
+            self.step_host_s["device_idle"] += max(0.0, self._last_done_event.elapsed_time(begin)) / 1e3
+        self._last_done_event = done if self.scheduler.has_unfinished_requests() else None
 
     def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> list[EngineOutput]:
         """Fail the requests of `chunks` after a runner exception (re-raised when `fatal`: a rank process died)."""

@@ -33,6 +33,9 @@ class LaunchedStep:
     prompt_specs: (request_id, positions, num_top) per chunk with prompt logprobs, in buffer order.
     host: the buffer on the host, [S] int64 alone, or float32 [S + packed logprob floats]; event: the CUDA event
         recorded after its copy (None: already complete).
+    begin_event / done_event: CUDA timing events recorded before the step's first device work and after its last
+        (None off CUDA): the engine reads the device's idle time between consecutive steps from them
+        (EngineCore.step_host_s "device_idle").
     """
 
     sample_ids: list[str] = field(default_factory=list)
@@ -42,6 +45,8 @@ class LaunchedStep:
     prompt_specs: list[tuple[str, int, int]] = field(default_factory=list)
     host: Optional[torch.Tensor] = None
     event: Any = None
+    begin_event: Any = None
+    done_event: Any = None
     _rows: Optional[dict[str, int]] = None
 
     @classmethod

@@ -27,7 +27,7 @@ parallelism each rank sizes its own pool and all take the minimum over ranks (th
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -269,6 +269,7 @@ class ModelRunner:
             return LaunchedStep()
         for c in chunks:
             assert c.request_id in self.requests, f"runner has no state for {c.request_id}"
+        begin = self._timing_event()  # before the step's first device work (its input copies)
         batch = self._prepare_inputs(chunks, scheduler_output.placeholder_chunks)
         hidden = self._forward(batch, self.kv_caches)  # [T, H]
         layout = batch.logits
@@ -279,8 +280,17 @@ class ModelRunner:
             every_token = layout.every_token and hidden.shape[0] == layout.num_logits
             logits = self.model.compute_logits(hidden if every_token else hidden[layout.logits_indices])  # [L, V]
             step = self._sample(chunks, batch, logits)
+        step.begin_event, step.done_event = begin, self._timing_event()
         self._last_step = step
         return step
+
+    def _timing_event(self) -> Any:
+        """A CUDA timing event recorded now on the current stream (None off CUDA)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def wait(self, step: LaunchedStep) -> RunnerOutput:
         """Block until `step`'s results are on the host; append its tokens to the request states; its

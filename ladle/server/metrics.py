@@ -102,7 +102,9 @@ class _EngineCollector:
         host = CounterMetricFamily("ladle:step_host_seconds", "Host seconds spent per engine-step phase: schedule, "
                                    "execute (prepare inputs + launch forward and sample; with synchronous steps it also waits for the device), "
                                    "wait (blocked on a launched step's sampled ids; --async-scheduling), update, "
-                                   "process_outputs (detokenize + stop strings).", labels=labels + ["phase"])
+                                   "process_outputs (detokenize + stop strings); device_idle is not host time but "
+                                   "its effect: seconds the GPU had no step queued between two steps while requests "
+                                   "were unfinished (--async-scheduling on CUDA), the host time not hidden.", labels=labels + ["phase"])
         for phase, seconds in sorted((s.step_host_seconds or {}).items()):
             host.add_metric(values + [str(phase)], float(seconds))
         yield host

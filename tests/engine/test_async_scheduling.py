@@ -409,3 +409,41 @@ def test_core_process_with_async_scheduling(m3_dir):
             await engine.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+class _FakeEvent:
+    """A CUDA timing event stand-in: `t` is its device timestamp in ms."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, later: "_FakeEvent") -> float:
+        return later.t - self.t
+
+
+def test_device_idle_sums_the_gaps_between_steps_while_requests_are_unfinished(model):
+    """step_host_s["device_idle"] adds, per completed step, the gap between the previous step's done event and this
+    step's begin event; a gap after the engine ran out of requests is not counted. Fake events give each launch
+    a device span [10 k, 10 k + 7] ms, so every gap between consecutive steps is 3 ms."""
+    bundle = make_bundle(model, async_scheduling=True)
+    core, runner = bundle.core, bundle.core.runner
+    launches, offset = [], [0.0]
+    real_launch = runner.launch
+
+    def launch(so):
+        step = real_launch(so)
+        if so.chunks:
+            k = len(launches)
+            t = offset[0] + 10.0 * k
+            step.begin_event, step.done_event = _FakeEvent(t), _FakeEvent(t + 7)
+            launches.append(k)
+        return step
+
+    runner.launch = launch
+    llm = LLM(bundle=bundle)
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    first = len(launches)
+    assert first >= 6 and core.step_host_s["device_idle"] == pytest.approx(3e-3 * (first - 1))
+    offset[0] = 5000.0  # the engine sat idle for 5 s of device time: not counted
+    llm.generate([[8, 9]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert core.step_host_s["device_idle"] == pytest.approx(3e-3 * (len(launches) - 2))
