@@ -80,12 +80,14 @@ def configs_or_refusal(parser: argparse.ArgumentParser,
 
 
 def _server_refusals(server_config: ServerConfig) -> list[str]:
-    """The serving flags' refusals (unknown parser names, --stream-interval below 1), checked before anything
-    loads."""
+    """The serving flags' refusals (unknown parser names, --stream-interval below 1, a port outside 0-65535), checked
+    before anything loads."""
     refusals = _lazy("ladle.server.parsers", "parser_flag_refusals", "the chat output parsers")
     interval = _lazy("ladle.server.stream_chunks", "stream_interval_refusals", "the streaming path")
+    port = [] if 0 <= server_config.port <= 65535 else [
+        f"--port {server_config.port}: a TCP port is 0-65535 (0 lets the system pick a free one)"]
     return refusals(server_config.tool_call_parser, server_config.reasoning_parser,
-                    server_config.enable_auto_tool_choice) + interval(server_config.stream_interval)
+                    server_config.enable_auto_tool_choice) + interval(server_config.stream_interval) + port
 
 
 def raise_open_files_limit(wanted: int = 65536, warn_below: int = 8192) -> None:

@@ -251,3 +251,10 @@ def test_stream_interval_is_accepted_and_below_1_refused():
     r = _ladle("serve", "/nonexistent/model", "--stream-interval", "0", "--port", "1")
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("error:") == 1
     assert "--stream-interval 0: tokens per streamed chunk must be an integer >= 1" in r.stderr
+
+
+def test_port_outside_the_tcp_range_is_refused_before_loading():
+    """`--port 99999` used to reach the socket bind and end in an OverflowError traceback."""
+    r = _ladle("serve", "/nonexistent/model", "--port", "99999")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("error:") == 1
+    assert "--port 99999: a TCP port is 0-65535" in r.stderr

@@ -291,8 +291,8 @@ def queues(rec: dict) -> tuple[list[str], str]:
         ["open files (limit soft / hard / open)", f"{of.get('soft')} / {of.get('hard')} / {of.get('open')}"]])
     if longest > 0:
         return lines, (f"the waiting queue grew for {longest:.3g} s (longest stretch) while KV usage peaked at "
-                       f"{100 * kv_max:.0f}%, with {int(t.get('preemptions', 0))} preemptions.")
-    return lines, (f"no request waited at a step boundary; KV usage peaked at {100 * kv_max:.0f}% and the mean "
+                       f"{100 * kv_max:.3g}%, with {int(t.get('preemptions', 0))} preemptions.")
+    return lines, (f"no request waited at a step boundary; KV usage peaked at {100 * kv_max:.3g}% and the mean "
                    f"admission delay was {0.0 if adm is None else adm * 1e3:.3g} ms.")
 
 
