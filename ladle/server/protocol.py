@@ -3,7 +3,22 @@
 Field names and meanings follow the OpenAI API and vLLM's extensions (vllm/entrypoints/openai/protocol.py):
 `ignore_eos`, `min_tokens`, `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `skip_special_tokens`,
 `include_stop_str_in_output`, `chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`.
-Unknown request fields are ignored (as vLLM does); wrong types fail validation (HTTP 400).
+Wrong types fail validation (HTTP 400).
+
+Fields ladle does not honour are refused, never ignored (vLLM ignores unknown fields with a log warning; ladle does
+not): the two generation requests keep their undeclared top-level fields (`extra="allow"`, in `model_extra`) and
+ladle.server.validation.check_request_fields answers 400 naming the field and what ladle offers instead, for
+- a field of OpenAI's API or of vLLM's extensions that ladle does not implement (`logit_bias`, `response_format`
+  json_object / json_schema, `audio`, `guided_json`, `use_beam_search`, `best_of` other than n, ...), unless its
+  value is equivalent to leaving it out (`logit_bias: {}`, `response_format: {"type": "text"}`, `best_of` equal to
+  n, `service_tier: "auto"`, null): clients send defaults;
+- any other field (a typo, another server's extension such as `top_a`): the message lists the fields ladle honours.
+  Clients send only what their user passes (the openai client's `extra_body` included; `ladle bench serve` sends
+  declared fields only), so a field ladle does not know is a request it would answer wrongly.
+Identifiers no output depends on (`user`, `metadata`, `safety_identifier`, `prompt_cache_key`) are accepted.
+Nested objects (messages, stream_options) still ignore unknown keys: clients send back the assistant messages they
+received (`refusal`, `annotations`, ...), which are history, not generation controls. /tokenize and /detokenize
+ignore unknown fields.
 Response shapes follow OpenAI's published schema (github.com/openai/openai-openapi, openapi.yaml:
 CreateChatCompletionResponse, ChatCompletionResponseMessage, CreateChatCompletionStreamResponse,
 CreateCompletionResponse): required-but-nullable fields are always present (`message.refusal`, `choices[].logprobs`,
@@ -15,7 +30,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,7 +83,11 @@ class UsageInfo(BaseModel):
 
 
 class _SamplingFields(OpenAIModel):
-    """Sampling fields shared by both endpoints (OpenAI + vLLM extensions)."""
+    """Sampling fields shared by both endpoints (OpenAI + vLLM extensions). Undeclared fields are kept (see the module
+    docstring); `api_path` names the endpoint for ladle.server.validation.check_request_fields."""
+
+    model_config = ConfigDict(extra="allow")
+    api_path: ClassVar[str] = ""
 
     model: Optional[str] = None
     n: int = 1
@@ -90,18 +109,16 @@ class _SamplingFields(OpenAIModel):
     user: Optional[str] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: Optional[dict[str, float]] = None
 
 
 # ---------------------------------------------------------------------------------------------- completions
 class CompletionRequest(_SamplingFields):
     """POST /v1/completions. `prompt`: a string, a list of strings, token ids, or a list of token-id lists."""
 
+    api_path: ClassVar[str] = "/v1/completions"
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
     logprobs: Optional[int] = None
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -159,6 +176,7 @@ class ChatMessage(OpenAIModel):
 class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions."""
 
+    api_path: ClassVar[str] = "/v1/chat/completions"
     messages: list[ChatMessage]
     logprobs: bool = False
     top_logprobs: Optional[int] = None
@@ -166,11 +184,9 @@ class ChatCompletionRequest(_SamplingFields):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None  # unset / true: every parsed call; false: the first one only
-    response_format: Optional[dict[str, Any]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    echo: bool = False
 
 
 class TopLogprob(BaseModel):

@@ -133,10 +133,6 @@ class ChatHandler:
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", 400, "top_logprobs")
         check_logprobs_count(req.top_logprobs, ctx.limits, ctx.vocab_size, "top_logprobs")
-        if req.echo:  # accepted by the schema (vLLM's field), never honoured: refused
-            raise OpenAIError("not supported yet: echo in chat completions", 400, "echo")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise OpenAIError("not supported yet: response_format other than text", 400, "response_format")
         outputs = ChatOutputs(ctx.limits, req)
         prompt_ids = chat_prompt_ids(ctx.tokenizer, req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -133,8 +133,6 @@ def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
     skip_special_tokens: overrides the request's field (False when an output parser needs the special-token
     markers); None keeps the request's.
     """
-    if req.logit_bias:
-        raise OpenAIError("not supported yet: logit_bias", 400, "logit_bias")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:
         return SamplingParams(

@@ -89,10 +89,6 @@ class CompletionHandler:
         check_sampling_fields(req, ctx.limits, ctx.vocab_size)
         ctx.check_model(req.model)
         check_logprobs_count(req.logprobs, ctx.limits, ctx.vocab_size, "logprobs")
-        if req.suffix:
-            raise OpenAIError("not supported yet: suffix", 400, "suffix")
-        if req.best_of is not None and req.best_of != req.n:
-            raise OpenAIError("not supported yet: best_of different from n", 400, "best_of")
         zero = req.max_tokens == 0
         runs = []
         for i, (ids, text) in enumerate(_prompts(ctx, req.prompt, need_text=bool(req.echo))):

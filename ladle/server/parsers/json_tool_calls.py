@@ -59,6 +59,7 @@ class HermesToolParser(ToolCallParser):
                 continue
             end = self._buf.find(self.CLOSE)
             if end < 0 and not final:
+                self._wait_for((self.CLOSE,))  # nothing changes before a closer arrives
                 return
             body = self._buf if end < 0 else self._buf[:end]
             raw = self.OPEN + body + ("" if end < 0 else self.CLOSE)

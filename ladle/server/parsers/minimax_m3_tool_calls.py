@@ -164,7 +164,8 @@ class MiniMaxM3ToolParser(ToolCallParser):
             elif final:  # truncated invoke
                 self._consume_wrapper_text(buf, junk=True)
                 return True
-            else:
+            else:  # progress needs `</invoke>` or a wrapper closer (each ends with `</tool_call>`)
+                self._wait_for((INVOKE_CLOSE, "</tool_call>"))
                 return False
             call = parse_invoke(segment, self.tools)
             self._consume_wrapper_text(ws + segment, junk=call is None)
@@ -173,7 +174,8 @@ class MiniMaxM3ToolParser(ToolCallParser):
                 self._emit_call(*call)
             return True
         hit = find_first(buf, INVOKE_OPENS + CALL_CLOSES, len(ws) + 1)
-        if hit is None and not final:
+        if hit is None and not final:  # progress needs an invoke opener or a wrapper closer (their common tails)
+            self._wait_for(("<invoke", "</tool_call>"))
             return False
         self._consume_wrapper_text(buf if hit is None else buf[: hit[0]], junk=True)
         return True

@@ -55,6 +55,12 @@ class ToolCallParser:
     """Base class: buffering, call numbering and delta emission. Subclasses implement `_consume(final)`, which
     reads `self._buf`, calls `_emit_content` / `_emit_call`, and leaves in `self._buf` only what must wait.
 
+    Linear streaming: a `_consume` that returns waiting for one of a few markers (a call's closer) says so with
+    `_wait_for(markers)`; until one of them occurs in the text fed since (a marker split across deltas included),
+    `feed` only keeps the delta, joining nothing and calling nothing, so a long call costs O(its length), not
+    O(length²). Same results: the subclass promises that, without a new occurrence of those markers, `_consume`
+    on the longer buffer would change nothing.
+
     One instance per request choice. Use either `feed(...)`* + `finish()` or `extract(text)`, once.
 
     Args:
@@ -71,6 +77,9 @@ class ToolCallParser:
         self._buf = ""
         self._out: list[dict[str, Any]] = []
         self._num_calls = 0
+        self._waiting_for: tuple[str, ...] = ()  # set by _wait_for; cleared before every _consume
+        self._pending: list[str] = []  # text fed while waiting, not yet joined to self._buf
+        self._window = ""  # the last (longest marker - 1) characters fed, for a marker split across deltas
 
     @property
     def tools_called(self) -> bool:
@@ -79,12 +88,22 @@ class ToolCallParser:
 
     def feed(self, delta_text: str) -> list[dict[str, Any]]:
         """Consume the next piece of content text; return the delta bodies now complete (possibly none)."""
-        self._buf += delta_text
+        if self._waiting_for:
+            self._pending.append(delta_text)
+            window = self._window + delta_text
+            if not any(m in window for m in self._waiting_for):
+                keep = max(map(len, self._waiting_for)) - 1
+                self._window = window[-keep:] if keep else ""
+                return []
+            self._join_pending()
+        else:
+            self._buf += delta_text
         self._consume(final=False)
         return self._take()
 
     def finish(self) -> list[dict[str, Any]]:
         """End of output: resolve everything held (partial markers and unfinished calls become content)."""
+        self._join_pending()
         self._consume(final=True)
         if self._buf:
             self._emit_content(self._buf)
@@ -98,6 +117,19 @@ class ToolCallParser:
     # ------------------------------------------------------------------------------------ for subclasses
     def _consume(self, final: bool) -> None:
         raise NotImplementedError
+
+    def _wait_for(self, markers: tuple[str, ...]) -> None:
+        """Called by `_consume` as it returns: nothing changes until one of `markers` (non-empty strings) occurs in
+        the text fed from now on, or the output ends."""
+        self._waiting_for = markers
+        keep = max(map(len, markers)) - 1
+        self._window = self._buf[-keep:] if keep else ""
+
+    def _join_pending(self) -> None:
+        if self._pending:
+            self._buf += "".join(self._pending)
+            self._pending = []
+        self._waiting_for, self._window = (), ""
 
     def _emit_content(self, text: str) -> None:
         if not text:
