@@ -121,6 +121,6 @@ def test_tp_async_matches_tp1_and_tp2_sync(family, sizes, llama_dir, m3_dir):
         if a:
             assert executed > 0, (tp, reasons)  # steps were launched while the previous one was in flight
             assert reasons.get("penalties read the previous step's tokens", 0) > 0, reasons  # drained
-    for tp in sizes:  # the seeded random request: same ranks' numerics as TP = 2 synchronous
-        if tp == 2:
-            assert runs[2, True][0][4] == runs[2, False][0][4]
+    # the seeded random request: each rank filled its placeholders from its own sampled ids, so they agreed (the
+    # same ranks' numerics as TP = 2 synchronous, where only rank 0's ids are used)
+    assert runs[2, True][0][4] == runs[2, False][0][4]
