@@ -22,7 +22,8 @@ requests). Its N+1 K/V write is harmless:
 - its blocks are freed at update N; a block reused by a later request is written by that request's own steps,
   which run after N+1 in stream order, before anything reads it (attention reads only positions a request wrote).
 Aborts and stop-string finishes between calls free blocks at once; the same argument covers the in-flight write.
-Tensor parallelism runs synchronously (config resolution refuses --async-scheduling with TP > 1).
+With tensor parallelism the runner is the multiprocess executor, whose ranks pipeline launch/wait the same way
+(ladle/runner/executor.py).
 
 Failure rule (ARCHITECTURE.md "Processes"): an exception inside `runner.execute` / `runner.launch` /
 `runner.wait` fails the requests of that step (FINISH_ERROR with the message, blocks freed) and the engine carries
@@ -51,7 +52,7 @@ from ladle.observe import steps as observe_steps
 logger = logging.getLogger(__name__)
 
 dispatch.register("async_scheduling", "overlap",
-                  "--async-scheduling; tensor parallel size 1; no running request samples with repetition/presence/"
+                  "--async-scheduling; no running request samples with repetition/presence/"
                   "frequency penalties or waits for prompt logprobs; executed = the step was scheduled and launched "
                   "while the previous one was in flight")
 
@@ -99,7 +100,7 @@ class EngineCore:
         self.eos_token_ids = tuple(eos_token_ids)
         self.async_scheduling = bool(getattr(getattr(scheduler, "config", None), "async_scheduling", False))
         if self.async_scheduling and not hasattr(runner, "launch"):
-            raise ValueError("--async-scheduling needs a runner that launches steps (tensor parallel size 1)")
+            raise ValueError("--async-scheduling needs a runner that launches steps (launch/wait)")
         self._in_flight: Optional[_InFlight] = None
         self._drain_reason: Optional[str] = None  # why the last drain happened: recorded with the next launch
         # host seconds per phase of `step` since start (the CPU-time-per-step record of /metrics): "schedule"

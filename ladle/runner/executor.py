@@ -20,6 +20,7 @@ import os
 import pickle
 import time
 from multiprocessing.connection import wait
+from typing import Optional
 
 from ladle.distributed.parallel_state import WORKER_ENV, free_port
 from ladle.runner.worker import RankInfo, WorkerSpec, worker_main
@@ -40,6 +41,11 @@ class RankDiverged(WorkerDied):
 class MultiprocExecutor:
     """Start `spec.world_size` ranks (spawn) from `spec` (its rank field is replaced per process) and wait until
     all are ready. Raises RuntimeError with the failing rank's traceback when one cannot start."""
+
+    _next_seq = 0  # asynchronous scheduling: the sequence number of the last launch sent
+    _last_sent: Optional[int] = None  # the last launch message sent (the ranks answer its predecessor on it)
+    _drain_sent = False  # a drain for `_last_sent` was sent
+    _inbox: Optional[list[dict]] = None  # `_inboxes`
 
     def __init__(self, spec: WorkerSpec, startup_timeout_s: float = 1800.0, diverged_timeout_s: float = 60.0) -> None:
         ctx = mp.get_context("spawn")
@@ -96,17 +102,92 @@ class MultiprocExecutor:
 
     def execute(self, scheduler_output):
         """Broadcast one step to every rank; return rank 0's RunnerOutput (module doc for the errors)."""
-        data = pickle.dumps(scheduler_output, protocol=pickle.HIGHEST_PROTOCOL)
-        for rank, conn in enumerate(self._conns):
-            try:
-                conn.send_bytes(data)
-            except (BrokenPipeError, OSError):
-                raise WorkerDied(f"tensor-parallel rank {rank} (pid {self._procs[rank].pid}) is gone") from None
+        self._broadcast(pickle.dumps(scheduler_output, protocol=pickle.HIGHEST_PROTOCOL))
         replies = self._collect_replies()
         errors = [payload for kind, payload in replies if kind == "error"]
         if errors:
             raise RuntimeError("; ".join(errors))
         return replies[0][1]
+
+    def _broadcast(self, data: bytes) -> None:
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(data)
+            except (BrokenPipeError, OSError):
+                raise WorkerDied(f"tensor-parallel rank {rank} (pid {self._procs[rank].pid}) is gone") from None
+
+    # ---- asynchronous scheduling -------------------------------------------------------------------
+
+    def launch(self, scheduler_output) -> int:
+        """Broadcast one step to be launched on every rank; returns its handle (the step's sequence number) once every
+        rank has queued it. Each rank then waits for the step launched before it and sends its results (the overlap:
+        step N+1 is queued before any rank blocks on step N). A rank's launch error raises RuntimeError (the engine
+        fails this step's requests), like a failed `ModelRunner.launch`; dead and diverged ranks as in `execute`."""
+        seq = self._next_seq = self._next_seq + 1
+        self._broadcast(pickle.dumps(("launch", seq, scheduler_output), protocol=pickle.HIGHEST_PROTOCOL))
+        self._last_sent, self._drain_sent = seq, False  # the ranks answer for the previous step on this message
+        self._raise_errors(self._collect("launched", seq))
+        return seq
+
+    def wait(self, handle: int):
+        """Rank 0's RunnerOutput of the launched step `handle`. When no step was launched after it (the engine drains
+        or finishes), the ranks are told to answer without launching one. Replies of earlier steps the engine
+        dropped (steps with no chunks, the step after a failed one) are discarded. Errors as in `execute`."""
+        if handle == self._last_sent and not self._drain_sent:
+            self._broadcast(pickle.dumps(("drain", handle), protocol=pickle.HIGHEST_PROTOCOL))
+            self._drain_sent = True
+        try:
+            replies = self._collect("result", handle)
+        finally:
+            for inbox in self._inboxes:
+                for key in [k for k in inbox if k[1] <= handle and k[0] == "result"]:
+                    del inbox[key]
+        self._raise_errors(replies)
+        return replies[0][1]
+
+    @staticmethod
+    def _raise_errors(replies: list) -> None:
+        errors = [payload for kind, payload in replies if kind == "error"]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+    @property
+    def _inboxes(self) -> list[dict]:
+        """Per rank, the asynchronous replies read but not yet taken: {(phase, seq): (kind, payload)}."""
+        if self._inbox is None:
+            self._inbox = [{} for _ in range(self.world_size)]
+        return self._inbox
+
+    def _collect(self, phase: str, seq: int) -> list:
+        """Every rank's (kind, payload) of message (phase, seq), in rank order. Everything a rank has sent is read
+        as it arrives (later messages are kept), so an error of this or a later step from one rank starts the
+        `diverged_timeout_s` clock for the others, as in `_collect_replies`."""
+        key, inboxes, deadline = (phase, seq), self._inboxes, None
+        while True:
+            for rank in range(self.world_size):
+                while self._conns[rank].poll():
+                    message = self._recv(rank, 0)
+                    inboxes[rank][(message[0], message[1])] = message[2:]
+            pending = [r for r in range(self.world_size) if key not in inboxes[r]]
+            if not pending:
+                return [inboxes[r].pop(key) for r in range(self.world_size)]
+            errors = [v[1] for inbox in inboxes for k, v in inbox.items() if v[0] == "error" and k[1] >= seq]
+            if errors and deadline is None:
+                deadline = time.monotonic() + self.diverged_timeout_s
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait([self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
+                         timeout=timeout)
+            if not ready:
+                self._stop_diverged(errors, pending)
+            for rank in pending:
+                if self._procs[rank].sentinel in ready and not self._conns[rank].poll():
+                    self._recv(rank, 0)  # raises WorkerDied
+
+    def _stop_diverged(self, errors: list[str], stuck: list[int]) -> None:
+        self.shutdown()
+        raise RankDiverged(f"{'; '.join(errors)}; rank(s) {sorted(stuck)} did not answer within "
+                           f"{self.diverged_timeout_s:g} s (held in a collective the failed rank never "
+                           "joined): the tensor-parallel group is stopped")
 
     def _collect_replies(self) -> list:
         """Every rank's (kind, payload) for this step, in rank order, taken as they arrive. Once a rank has raised,
@@ -119,11 +200,7 @@ class MultiprocExecutor:
             watched = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
             ready = wait(watched, timeout=timeout)
             if not ready:
-                stuck = sorted(pending)
-                self.shutdown()
-                raise RankDiverged(f"{'; '.join(errors)}; rank(s) {stuck} did not answer within "
-                                   f"{self.diverged_timeout_s:g} s (held in a collective the failed rank never "
-                                   "joined): the tensor-parallel group is stopped")
+                self._stop_diverged(errors, sorted(pending))
             for rank in sorted(pending):
                 if self._conns[rank] in ready or self._procs[rank].sentinel in ready:
                     replies[rank] = self._recv(rank, 0)

@@ -3,9 +3,15 @@
 `worker_main` is the process target (ladle/runner/executor.py starts one per rank with multiprocessing spawn):
 set the worker environment (ladle/distributed WORKER_ENV), join the group, build the shard
 (`load_model(..., tp=TPShard(rank, world, expert_parallel))`) and its ModelRunner, report
-("ready", RankInfo), then serve the pipe: each message is one pickled SchedulerOutput (None = stop); the reply is
-("ok", RunnerOutput from rank 0, None from the others) or ("error", "rank r: Type: message"). A startup failure is
-reported as ("startup_error", traceback text) so the console shows that rank's own message.
+("ready", RankInfo), then serve the pipe (None = stop):
+- synchronous steps (`MultiprocExecutor.execute`): a pickled SchedulerOutput; the reply is ("ok", RunnerOutput from
+  rank 0, None from the others) or ("error", "rank r: Type: message");
+- asynchronous scheduling (`MultiprocExecutor.launch` / `wait`): ("launch", seq, SchedulerOutput) is launched on this
+  rank's ModelRunner and acknowledged ("launched", seq, "ok" | "error", None | message); then the step launched
+  before it, if any, is waited for and answered ("result", seq, "ok" | "error", RunnerOutput from rank 0 | None |
+  message). ("drain", seq) answers the step in flight without launching one. Every rank samples identically (same
+  seeds, same logits after the collectives), so each fills the next step's placeholders from its own sampled ids.
+A startup failure is reported as ("startup_error", traceback text) so the console shows that rank's own message.
 
 A worker dies with its parent: the kernel's parent-death signal (Linux prctl PR_SET_PDEATHSIG) and a watchdog
 thread that sees the parent pid change; a closed pipe ends the loop too.
@@ -116,16 +122,47 @@ def worker_main(spec: WorkerSpec, conn, parent_pid: int) -> None:
 
 
 def serve(runner, rank: int, conn) -> None:
-    """Execute the SchedulerOutputs that arrive on `conn` until None or a closed pipe."""
+    """Serve the messages that arrive on `conn` until None or a closed pipe (module doc for the protocol)."""
+    in_flight = None  # asynchronous scheduling: (seq, LaunchedStep) launched and not yet answered
     while True:
         try:
-            scheduler_output = pickle.loads(conn.recv_bytes())
+            message = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        if scheduler_output is None:
+        if message is None:
             return
+        if isinstance(message, tuple):
+            in_flight = _serve_async(runner, rank, conn, message, in_flight)
+            continue
         try:
-            out = runner.execute(scheduler_output)
+            out = runner.execute(message)
             conn.send(("ok", out if rank == 0 else None))
         except Exception as exc:  # noqa: BLE001 — the engine fails this step's requests
-            conn.send(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+            conn.send(("error", _describe(rank, exc)))
+
+
+def _describe(rank: int, exc: BaseException) -> str:
+    return f"rank {rank}: {type(exc).__name__}: {exc}"
+
+
+def _serve_async(runner, rank: int, conn, message: tuple, in_flight):
+    """One asynchronous-scheduling message: ("launch", seq, SchedulerOutput) launches the step and acknowledges it
+    (so the engine learns of a launch failure at once, as with one rank), THEN waits for the step launched before it
+    (the overlap: step N+1 is queued before this rank blocks on step N) and answers for that one; ("drain", seq)
+    only waits for and answers the step in flight. Returns the step now in flight (seq, LaunchedStep) or None."""
+    kind, seq = message[0], message[1]
+    launched = None
+    if kind == "launch":
+        try:
+            launched = (seq, runner.launch(message[2]))
+            conn.send(("launched", seq, "ok", None))
+        except Exception as exc:  # noqa: BLE001 — the engine fails this step's requests
+            conn.send(("launched", seq, "error", _describe(rank, exc)))
+    if in_flight is not None:
+        prev_seq, step = in_flight
+        try:
+            out = runner.wait(step)
+            conn.send(("result", prev_seq, "ok", out if rank == 0 else None))
+        except Exception as exc:  # noqa: BLE001 — the engine fails that step's requests (and the one after it)
+            conn.send(("result", prev_seq, "error", _describe(rank, exc)))
+    return launched

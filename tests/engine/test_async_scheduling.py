@@ -3,7 +3,7 @@ random Llama and the tiny MiniMax-M3 (dummy weights): the same tokens for mixed 
 token ids, EOS, min_tokens), with preemption and prefix hits (checked to happen, one preemption with a token in
 flight), seeded sampling and logprobs; penalties and prompt logprobs fall back to synchronous steps (dispatch
 record); an abort while a token is in flight frees its blocks; a runner exception fails its requests and the
-engine carries on; the flag is refused with tensor parallelism and accepted on the command line."""
+engine carries on; the flag is accepted at every tensor-parallel size and on the command line."""
 
 from __future__ import annotations
 
@@ -350,27 +350,23 @@ def test_thread_engine_with_async_scheduling(model):
     assert list(asyncio.run(asyncio.wait_for(main(), 60))) == expected
 
 
-def test_refused_with_tensor_parallelism_and_accepted_on_the_command_line():
-    config = EngineConfig(scheduler=SchedulerConfig(async_scheduling=True),
-                          parallel=ParallelConfig(tensor_parallel_size=2))
-    refusals = [r for r in config_refusals(config) if "--async-scheduling" in r]
-    assert refusals == ["--async-scheduling with --tensor-parallel-size 2: not supported yet; asynchronous scheduling "
-                        "works with --tensor-parallel-size 1 (the model in the engine-core process), or leave "
-                        "--async-scheduling out to run tensor parallelism synchronously"]
-    assert not [r for r in config_refusals(EngineConfig(scheduler=SchedulerConfig(async_scheduling=True)))
-                if "async" in r]
+def test_accepted_with_tensor_parallelism_and_on_the_command_line():
+    """On by default at every tensor-parallel size (the executor pipelines launch/wait on every rank,
+    tests/distributed/test_tp_async.py); explicit on or off accepted at any size."""
+    from ladle.engine.config_resolve import resolve_async_scheduling
+
+    for tp in (1, 2, 4):
+        for flag in (True, False, None):
+            config = EngineConfig(scheduler=SchedulerConfig(async_scheduling=flag),
+                                  parallel=ParallelConfig(tensor_parallel_size=tp))
+            assert not [r for r in config_refusals(config) if "async" in r], (tp, flag)
+            assert resolve_async_scheduling(flag, tp) is (flag is not False), (tp, flag)
     from ladle.cli import serve_parser
     from ladle.cli_args import configs_from_args, parse_serve_args
 
     for argv, value in ((["--async-scheduling"], True), (["--no-async-scheduling"], False), ([], None)):
         engine, _ = configs_from_args(parse_serve_args(serve_parser(), argv))
         assert engine.scheduler.async_scheduling is value
-    # unset: on with one rank, off (and not refused) with more
-    from ladle.engine.config_resolve import resolve_async_scheduling
-
-    assert resolve_async_scheduling(None, 1) is True and resolve_async_scheduling(None, 2) is False
-    assert not [r for r in config_refusals(EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2)))
-                if "async" in r]
 
 
 def test_core_process_with_async_scheduling(m3_dir):
