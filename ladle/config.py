@@ -78,8 +78,9 @@ class SchedulerConfig:
         None, "--async-scheduling",
         "schedule and launch step N+1 while step N runs on the device (its sampled tokens feed step N+1 on the "
         "device); steps with repetition/presence/frequency penalties or pending prompt logprobs run synchronously; "
-        "default: on at every tensor parallel size (never slower at tensor parallel size 1 in the H200 "
-        "measurements; not yet measured with more ranks); --no-async-scheduling runs every step synchronously")
+        "default: on with tensor parallel size 1 (never slower in the H200 measurements), off with more ranks until "
+        "measured there (--async-scheduling turns it on at any size); --no-async-scheduling runs every step "
+        "synchronously")
 
 
 @dataclass(frozen=True)

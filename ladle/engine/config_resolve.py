@@ -211,11 +211,13 @@ def resolve_quantization(quantization: Optional[str], hf_config: Optional[dict])
 
 
 def resolve_async_scheduling(enable: Optional[bool], tensor_parallel_size: int) -> bool:
-    """--async-scheduling: unset (None) means on at every tensor-parallel size (the H200 runs of 2026-12-01 found it
-    never slower at TP = 1, TP > 1 is not measured yet; with more ranks the executor pipelines launch/wait on every
-    rank, ladle/runner/executor.py); --no-async-scheduling runs every step synchronously."""
-    del tensor_parallel_size  # accepted at every size
-    return True if enable is None else bool(enable)
+    """--async-scheduling: unset (None) means on with one rank (the H200 runs of 2026-12-01 found it never slower at
+    TP = 1) and off with more ranks until a multi-GPU run measures it there; `--async-scheduling` turns it on at any
+    size (the executor pipelines launch/wait on every rank, ladle/runner/executor.py); --no-async-scheduling runs
+    every step synchronously."""
+    if enable is None:
+        return tensor_parallel_size == 1
+    return bool(enable)
 
 
 def _language_model_only(value: bool) -> bool:
