@@ -26,6 +26,10 @@ class _NoTriton:
     def __getattr__(self, name: str) -> "_NoTriton":
         return self
 
+    def __call__(self, *args: Any, **_kwargs: Any) -> Any:
+        """A module-level `tl.constexpr(value)` keeps its value (kernels are never launched without Triton)."""
+        return args[0] if args else self
+
 
 try:
     import triton
