@@ -168,15 +168,9 @@ class EngineCore:
         just started)."""
         if self.async_scheduling:
             return self._step_async()
-        observed = observe_steps.begin()
-        t0 = time.perf_counter()
-        scheduler_output = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        self.step_host_s["schedule"] += t1 - t0
-        if scheduler_output.is_empty and not (scheduler_output.finished_request_ids
-                                              or scheduler_output.preempted_request_ids):
+        scheduler_output, observed, t1 = self._schedule()
+        if scheduler_output is None:
             return []
-        self.num_steps += 1
         try:
             runner_output = self.runner.execute(scheduler_output)
         except Exception as exc:  # noqa: BLE001 — the step's requests fail, the engine lives on
@@ -207,19 +201,28 @@ class EngineCore:
         self._in_flight = launched
         return outputs
 
-    def _launch(self, overlapped: bool, reason: Optional[str]) -> tuple[Optional[_InFlight], list[EngineOutput]]:
-        """Schedule a step and launch it: (the step in flight or None, outputs of a launch that failed). The dispatch
-        record counts one decision per step that has chunks: executed when launched while the previous step was in
-        flight; else `reason` (why the rule failed, now or at the drain before) or "nothing in flight"."""
+    def _schedule(self) -> tuple[Optional[SchedulerOutput], Any, float]:
+        """Schedule one step: (its SchedulerOutput, the step record's token, perf_counter after scheduling). The
+        SchedulerOutput is None when there is nothing to run and nothing to tell the runner (no step is counted)."""
         observed = observe_steps.begin()
         t0 = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         t1 = time.perf_counter()
         self.step_host_s["schedule"] += t1 - t0
-        chunks = scheduler_output.chunks
-        if not chunks and not (scheduler_output.finished_request_ids or scheduler_output.preempted_request_ids):
-            return None, []
+        if scheduler_output.is_empty and not (scheduler_output.finished_request_ids
+                                              or scheduler_output.preempted_request_ids):
+            return None, observed, t1
         self.num_steps += 1
+        return scheduler_output, observed, t1
+
+    def _launch(self, overlapped: bool, reason: Optional[str]) -> tuple[Optional[_InFlight], list[EngineOutput]]:
+        """Schedule a step and launch it: (the step in flight or None, outputs of a launch that failed). The dispatch
+        record counts one decision per step that has chunks: executed when launched while the previous step was in
+        flight; else `reason` (why the rule failed, now or at the drain before) or "nothing in flight"."""
+        scheduler_output, observed, t1 = self._schedule()
+        if scheduler_output is None:
+            return None, []
+        chunks = scheduler_output.chunks
         if chunks:
             dispatch.record("async_scheduling", dispatch.tokens_bucket(len(chunks)), configured=True,
                             eligible=reason is None, executed=overlapped and reason is None,
@@ -230,11 +233,9 @@ class EngineCore:
             return None, self._fail(chunks, exc)
         self.step_host_s["execute"] += time.perf_counter() - t1
         observed = observe_steps.launched(observed)  # close its timing brackets before the next step launches
-        step = _InFlight(scheduler_output, handle, observed)
-        if not chunks:  # only finished / preempted ids: nothing to wait for
-            observe_steps.end(self, scheduler_output, observed)
+        if not chunks:  # only finished / preempted ids: nothing to wait for, no model step to record
             return None, []
-        return step, []
+        return _InFlight(scheduler_output, handle, observed), []
 
     def _complete(self, step: _InFlight) -> list[EngineOutput]:
         """Wait for a launched step's results and apply them. When waiting fails, the step in flight after it
