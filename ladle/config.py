@@ -136,7 +136,8 @@ class RunnerConfig:
     enforce_eager: bool = _f(False, "--enforce-eager", "never capture CUDA graphs")
     dispatch_report: bool = _f(False, "--dispatch-report", "print the fast-path dispatch table at shutdown")
     observe_timing: bool = _f(False, "--observe-timing", "CUDA-event GPU time of every Nth step in /debug/steps, and "
-                              "of each op launch of that step per op and shape bucket in /debug/shapes (eager steps)")
+                              "of each op launch of that step per op and shape bucket in /debug/shapes (eager steps); "
+                              "on CPU the host clock stands in; tensor parallel size 1 only")
     observe_timing_interval: int = _f(16, "--observe-timing-interval", "N of --observe-timing (steps)")
     observe_copy_bandwidth: float = _f(0.0, "--observe-copy-bandwidth",
                                        "device copy bandwidth in GB/s for the byte roofline (0: measure on CUDA)")

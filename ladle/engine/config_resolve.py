@@ -283,8 +283,11 @@ def _resolve(config: EngineConfig, hf_config: Optional[dict], model_cls: Any,
                               fallback=config.runner)
     elif config.runner.cuda_graph_sizes:
         refusals.run(expand_cuda_graph_sizes, config.runner.cuda_graph_sizes, max(1, config.scheduler.max_num_seqs))
-    if runner.observe_timing and config.parallel.tensor_parallel_size > 1:  # the ranks' GPUs are in other processes
-        runner = dataclasses.replace(runner, observe_timing=False)
+    if config.runner.observe_timing and config.parallel.tensor_parallel_size > 1:
+        refusals.messages.append(  # refused, never turned off quietly: the ranks' devices are in worker processes
+            f"--observe-timing with --tensor-parallel-size {config.parallel.tensor_parallel_size}: not supported yet "
+            "(the ranks run in worker processes, where the step record is not); time with --tensor-parallel-size 1, "
+            "or leave --observe-timing out")
     return dataclasses.replace(config, model=dataclasses.replace(config.model, **model_fields),
                                cache=dataclasses.replace(config.cache, **cache_fields), parallel=parallel,
                                scheduler=scheduler, runner=runner)

@@ -105,7 +105,7 @@ def resolve_runner_config(runner: RunnerConfig, device_type: str, max_num_seqs: 
     return dataclasses.replace(runner, attention_backend=attention, moe_backend=moe,
                                fused_norms=bool(runner.fused_norms and triton_runs),
                                cuda_graph_sizes=sizes if captured else (),
-                               observe_timing=bool(runner.observe_timing and device_type == "cuda"))  # CUDA events
+                               observe_timing=bool(runner.observe_timing))  # CUDA events; the host clock on CPU
 
 
 def op_backends(resolved: RunnerConfig) -> OpBackends:

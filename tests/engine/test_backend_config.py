@@ -15,9 +15,10 @@ from helpers import TINY_LLAMA, make_bundle, tiny_model
 
 from ladle.cli import serve_parser
 from ladle.cli_args import configs_from_args, parse_serve_args
-from ladle.config import DEFAULT_CUDA_GRAPH_SIZES, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
+from ladle.config import (DEFAULT_CUDA_GRAPH_SIZES, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig,
+                          SchedulerConfig)
 from ladle.core.sampling_params import SamplingParams
-from ladle.engine.config_resolve import ConfigError, resolve_engine_config
+from ladle.engine.config_resolve import ConfigError, config_refusals, resolve_engine_config
 from ladle.engine.llm import LLM
 from ladle.layers.attention.metadata import OpBackends, get_forward_context
 from ladle.runner.op_backends import (expand_cuda_graph_sizes, op_backends, resolve_attention_backend,
@@ -141,7 +142,13 @@ def test_cuda_graphs_need_both_triton_attention_and_triton_moe():
 
 
 def test_observe_timing_is_reported_only_where_it_runs_and_its_numbers_are_checked():
-    assert resolve_runner_config(RunnerConfig(observe_timing=True), "cpu", 8).observe_timing is False
+    """Honoured on CUDA (events) and on CPU (the host clock, ladle/observe/op_timing.py); refused with more ranks,
+    never turned off quietly (it used to resolve to False on CPU and at TP > 1)."""
+    assert resolve_runner_config(RunnerConfig(observe_timing=True), "cpu", 8).observe_timing is True
+    tp2 = EngineConfig(runner=RunnerConfig(observe_timing=True), parallel=ParallelConfig(tensor_parallel_size=2))
+    assert [r for r in config_refusals(tp2) if "--observe-timing" in r] == [
+        "--observe-timing with --tensor-parallel-size 2: not supported yet (the ranks run in worker processes, where "
+        "the step record is not); time with --tensor-parallel-size 1, or leave --observe-timing out"]
     assert resolve_runner_config(RunnerConfig(observe_timing=True), "cuda", 8).observe_timing is True
     with pytest.raises(ValueError, match="--observe-timing-interval"):
         resolve_runner_config(RunnerConfig(observe_timing_interval=0), "cpu", 8)
