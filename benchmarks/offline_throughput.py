@@ -1,4 +1,4 @@
-"""Offline throughput: ladle's `LLM.generate` vs transformers `generate` (dynamic and static cache), one run.
+"""Offline throughput: ladle's `LLM.generate` vs transformers `generate` and (--vllm) vLLM's `LLM.generate`, one run.
 
 Output tokens/s at --input-len prompt tokens (random ids) / --output-len generated tokens (greedy, EOS ignored, so
 every request yields exactly --output-len tokens; checked) for each --batch-sizes value. Median of --repeats timed
@@ -13,6 +13,11 @@ Systems (one table row each per batch size):
   ladle variants (--variants, default `ladle` = engine defaults incl. CUDA graphs on cuda, and `ladle-eager`
               = enforce_eager). Per variant also the mean decode-step time from one extra instrumented run
               (benchmarks/gpu_e2e.py `_StepTimer`: wall per step, plus the GPU forward share on CUDA).
+  vllm        (--vllm, CUDA only) vLLM's own `LLM.generate`, dummy weights (load_format="dummy"), the same prompt
+              token ids, greedy, ignore_eos, CUDA graphs (vLLM default); run FIRST, in a child process (this script
+              re-invoked), so its GPU memory and engine-core process are gone before ladle starts. Ladle rows get
+              a ladle/vllm ratio. Needs vLLM importable, e.g. PYTHONPATH=/tmp/peer/site from
+              ../shared/scripts/peer-vllm.
 
 Checks in the same run: every ladle request finished with reason "length" and exactly --output-len tokens, every
 transformers output has exactly --output-len new tokens. --check-parity additionally saves a seeded random
@@ -34,6 +39,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="ladle tokens per step")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="ladle, CUDA only")
     p.add_argument("--skip-hf", action="store_true", help="ladle only (ratios omitted)")
+    p.add_argument("--vllm", action="store_true",
+                   help="also measure vLLM's LLM.generate (CUDA only; run first, in a child process)")
+    p.add_argument("--vllm-worker", nargs=2, default=None, metavar=("IN_JSON", "OUT_JSON"), help=argparse.SUPPRESS)
     p.add_argument("--no-step-timing", action="store_true", help="skip the instrumented decode-step run")
     p.add_argument("--check-parity", action="store_true", help="greedy token parity on shared real weights")
     p.add_argument("--parity-batch", type=int, default=2)
@@ -202,6 +211,79 @@ def _row(system: str, batch: int, output_len: int, walls: list[float]) -> dict:
             "wall_s": statistics.median(walls)}
 
 
+# ---- vLLM (child process) ------------------------------------------------------------------------------------
+
+def bench_vllm(args, prompts: dict) -> tuple[list, list, str | None]:
+    """Run the vLLM side in a child process (this script with --vllm-worker): its GPU memory and its engine-core
+    subprocess are gone when it returns. Returns (rows, failures, vllm version or None)."""
+    tmp = tempfile.mkdtemp(prefix="ladle_vllm_")
+    in_json, out_json, err_path = (os.path.join(tmp, n) for n in ("in.json", "out.json", "stderr.txt"))
+    try:
+        with open(in_json, "w", encoding="utf-8") as f:
+            json.dump({"model": args.model, "batch_sizes": args.batch_sizes, "input_len": args.input_len,
+                       "output_len": args.output_len, "repeats": args.repeats,
+                       "max_num_batched_tokens": args.max_num_batched_tokens,
+                       "gpu_memory_utilization": args.gpu_memory_utilization, "seed": args.seed,
+                       "prompts": {str(b): prompts[b].tolist() for b in args.batch_sizes}}, f)
+        print("[vllm] starting the vLLM child process", flush=True)
+        # stderr to a file, not a pipe: a lingering engine-core process holding a pipe open would block the read
+        with open(err_path, "w", encoding="utf-8") as err:
+            rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--vllm-worker", in_json, out_json],
+                                stderr=err, check=False).returncode
+        with open(err_path, encoding="utf-8", errors="replace") as f:
+            err_text = f.read()
+        if rc != 0 or not os.path.isfile(out_json):
+            sys.stderr.write(err_text[-20000:])
+            tail = " | ".join(err_text.strip().splitlines()[-15:])
+            return [], [f"vllm: child exited with rc={rc}" + ("" if os.path.isfile(out_json) else ", no output")
+                        + f"; stderr tail: {tail[-3000:]}"], None
+        with open(out_json, encoding="utf-8") as f:
+            out = json.load(f)
+        return out["rows"], out["failures"], out.get("version")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def vllm_worker(in_json: str, out_json: str) -> int:
+    """Child-process body: vLLM's offline LLM.generate on the prompts in `in_json`; rows + failures to `out_json`."""
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    with open(in_json, encoding="utf-8") as f:
+        a = json.load(f)
+    batch_sizes, output_len = a["batch_sizes"], a["output_len"]
+    max_len = a["input_len"] + output_len
+    t0 = time.perf_counter()
+    llm = LLM(model=a["model"], load_format="dummy", dtype="bfloat16", max_model_len=max_len,
+              max_num_seqs=max(batch_sizes), max_num_batched_tokens=max(a["max_num_batched_tokens"], max_len),
+              enable_prefix_caching=False, gpu_memory_utilization=a["gpu_memory_utilization"], seed=a["seed"])
+    print(f"[vllm] engine ready in {time.perf_counter() - t0:.1f} s (vllm {vllm.__version__})", flush=True)
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    warm_params = SamplingParams(max_tokens=min(8, output_len), ignore_eos=True, temperature=0.0)
+    rows, failures = [], []
+    for b in batch_sizes:
+        ids = [TokensPrompt(prompt_token_ids=p) for p in a["prompts"][str(b)]]
+        llm.generate(ids, warm_params, use_tqdm=False)
+        walls = []
+        for _ in range(a["repeats"]):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            outs = llm.generate(ids, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t)
+            counts = [len(o.outputs[0].token_ids) for o in outs]
+            reasons = {o.outputs[0].finish_reason for o in outs}
+            if len(outs) != b or any(c != output_len for c in counts) or reasons != {"length"}:
+                failures.append(f"vllm B={b}: token counts {sorted(set(counts))}, finish {sorted(map(str, reasons))}"
+                                f", {len(outs)} outputs; expected {b} x {output_len}, 'length'")
+        rec = _row("vllm", b, output_len, walls)
+        rows.append(rec)
+        print(f"[vllm] B={b}: {rec['out_tok_s']:.1f} out tok/s", flush=True)
+    write_json({"rows": rows, "failures": failures, "version": vllm.__version__}, out_json)
+    return 0
+
+
 # ---- transformers --------------------------------------------------------------------------------------------
 
 def build_hf_model(model_dir: str, dtype: torch.dtype, device: torch.device, seed: int):
@@ -291,25 +373,30 @@ def check_parity(args, cfg: dict, device: torch.device) -> dict:
 
 # ---- report --------------------------------------------------------------------------------------------------
 
+def _is_baseline(system: str) -> bool:
+    return system.startswith("hf-") or system == "vllm"
+
+
 def add_ratios(rows: list[dict]) -> None:
-    """x_hf_dynamic / x_hf_static on each ladle row: ladle tok/s divided by transformers tok/s at that batch."""
-    base = {(r["system"], r["batch"]): r["out_tok_s"] for r in rows if r["system"].startswith("hf-")}
+    """x_hf_dynamic / x_hf_static / x_vllm on each ladle row: ladle tok/s divided by transformers (vLLM) tok/s at
+    that batch."""
+    base = {(r["system"], r["batch"]): r["out_tok_s"] for r in rows if _is_baseline(r["system"])}
     for r in rows:
-        if not r["system"].startswith("hf-"):
-            for key, sys_name in (("x_hf_dynamic", "hf-dynamic"), ("x_hf_static", "hf-static")):
+        if not _is_baseline(r["system"]):
+            for key, sys_name in (("x_hf_dynamic", "hf-dynamic"), ("x_hf_static", "hf-static"), ("x_vllm", "vllm")):
                 if (sys_name, r["batch"]) in base:
                     r[key] = r["out_tok_s"] / base[(sys_name, r["batch"])]
 
 
 def format_table(rows: list[dict]) -> str:
     head = f"{'batch':>5}  {'system':<14} {'out tok/s':>11} {'ladle/hf-dyn':>13} {'ladle/hf-static':>16} " \
-           f"{'decode step ms':>15} {'(GPU fwd ms)':>13}"
+           f"{'ladle/vllm':>11} {'decode step ms':>15} {'(GPU fwd ms)':>13}"
     lines = [head, "-" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["batch"], not r["system"].startswith("hf-"), r["system"])):
+    for r in sorted(rows, key=lambda r: (r["batch"], not _is_baseline(r["system"]), r["system"])):
         def cell(key, fmt, width):
             return f"{r[key]:{width}{fmt}}" if key in r else " " * (width - 1) + "-"
         lines.append(f"{r['batch']:>5}  {r['system']:<14} {r['out_tok_s']:>11.1f} {cell('x_hf_dynamic', '.2f', 13)} "
-                     f"{cell('x_hf_static', '.2f', 16)} {cell('step_ms', '.2f', 15)} "
+                     f"{cell('x_hf_static', '.2f', 16)} {cell('x_vllm', '.2f', 11)} {cell('step_ms', '.2f', 15)} "
                      f"{cell('forward_gpu_ms', '.2f', 13)}")
     return "\n".join(lines)
 
@@ -338,6 +425,10 @@ def write_json(result: dict, path: str) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.vllm_worker:
+        return vllm_worker(*args.vllm_worker)
+    if args.vllm and not torch.cuda.is_available():
+        raise SystemExit("--vllm needs a CUDA device (vLLM's GPU build); none is available here")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     args.model = ensure_model_dir(args.model)
     cfg = json.load(open(os.path.join(args.model, "config.json"), encoding="utf-8"))
@@ -351,13 +442,21 @@ def main(argv=None) -> int:
           flush=True)
     result = {"args": {k: v for k, v in vars(args).items()}, "env": environment(args, cfg, device, dtype),
               "rows": [], "failures": [], "complete": False}
+    prompts = {b: make_prompts(cfg["vocab_size"], b, args.input_len, args.seed + b) for b in args.batch_sizes}
+    if args.vllm:  # first: the ladle engines below then see the whole GPU free
+        rows, fails, version = bench_vllm(args, prompts)
+        result["env"]["vllm"] = version
+        result["rows"] += rows
+        result["failures"] += fails
+        for f in fails:
+            print(f"[vllm] FAILED: {f[:2000]}", flush=True)
+        write_json(result, args.out)
     if args.check_parity:
         result["parity"] = check_parity(args, cfg, device)
         print(f"parity (shared seeded weights, {args.parity_dtype}): {result['parity']}", flush=True)
         if not result["parity"]["ok"]:
             result["failures"].append(f"parity: {result['parity']}")
         write_json(result, args.out)
-    prompts = {b: make_prompts(cfg["vocab_size"], b, args.input_len, args.seed + b) for b in args.batch_sizes}
     max_len = args.input_len + args.output_len
     base_kw = ladle_engine_kwargs(args, cfg, device, dtype_name, max(args.batch_sizes), max_len)
     for name, extra in args.variants:
