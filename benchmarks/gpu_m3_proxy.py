@@ -45,7 +45,8 @@ Measured, all in this one run:
   tokens) + index-K read (whole context per MSA layer), over the copy bandwidth measured here. Activations and the
   KV writes are left out (< 0.1 %).
 * per-kernel profile (--profile-batches, default 1 32 128): --profile-steps graph-replayed decode steps under
-  torch.profiler, kernel durations summed by name and by group (benchmarks/gpu_kernel_profile.py);
+  torch.profiler, kernel durations summed by name and by group (benchmarks/gpu_kernel_profile.py); with
+  --profile-prefill also one whole --ctx-token prefill (eager);
 * --no-fused-norms: the same run with the norms and RoPE as torch ops (the engine's `fused_norms=False`, i.e.
   `--no-fused-norms`), for an A/B against the fused kernels in one call.
 The table is printed last; everything goes to --out as JSON. Results: benchmarks/results/m3_proxy/ (NOTES.md).
@@ -221,7 +222,33 @@ def run_prefill(llm, timer, args, cfg, ceil_tf) -> list[dict]:
         t = timer.resolve(pre[0])
         rows.append(dict(**t, tflops=fl["total"] / (t["fwd_ms"] * 1e-3) / 1e12,
                          roof_ms=fl["total"] / (ceil_tf * 1e12) * 1e3))
+    if args.profile_prefill and cuda_available() and rows:
+        rows[-1]["profile"] = _profile_prefill(core, cfg, args, g)
     return rows
+
+
+def _profile_prefill(core, cfg, args, g) -> dict:
+    """Per-kernel profile of whole --ctx-token prefills (eager: prefill is not graph-captured): each profiled call adds
+    one fresh random prompt (max_tokens 1) and steps the engine until it is done."""
+    from ladle.core.sampling_params import SamplingParams
+
+    calls = [0]
+
+    def one_prefill() -> None:
+        calls[0] += 1
+        rid = f"prefill-profile-{calls[0]}"
+        prompt = torch.randint(3, cfg.vocab_size - 3, (args.ctx,), generator=g).tolist()
+        core.add_requests([core.make_request(rid, prompt, SamplingParams(max_tokens=1, temperature=0.0))])
+        try:
+            while core.has_unfinished_requests():
+                core.step()
+        finally:
+            core.abort_requests([rid])
+
+    try:
+        return profile_kernels(one_prefill, 1)
+    except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the timings
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def run_decode(llm, timer, rec, batch: int, args, cfg, wb, bw_gbps, kv_elt) -> dict:
@@ -390,6 +417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-batches", type=int, nargs="*", default=[1, 32, 128],
                     help="batch sizes whose graph-replayed decode step is also profiled per kernel (torch.profiler)")
     ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--profile-prefill", action="store_true",
+                    help="also profile one --ctx-token prefill per kernel (torch.profiler, eager), after the timed ones")
     ap.add_argument("--no-fused-norms", action="store_true",
                     help="M3 kernel path with the torch norm/RoPE ops instead of the fused kernels (A/B)")
     ap.add_argument("--quantization", default=None, help="fp8: FP8 block-scaled weights quantized at load (issue 11)")
@@ -467,7 +496,8 @@ def main(argv=None) -> int:
             res["prefill"] = r if isinstance(r, list) else [r]
         else:
             res["decode"].append(r)
-        brief = r if isinstance(r, list) else {k: v for k, v in r.items() if k not in ("per_step", "profile")}
+        brief = ([{k: v for k, v in x.items() if k != "profile"} for x in r] if isinstance(r, list)
+                 else {k: v for k, v in r.items() if k not in ("per_step", "profile")})
         log(f"{name} done {time.time() - t0:.0f}s: {json.dumps(brief)}")
         _dump(res, args.out, cuda)
     timer.restore()
@@ -476,6 +506,12 @@ def main(argv=None) -> int:
     res["dispatch"] = dispatch.snapshot()
     _dump(res, args.out, cuda)
     log("\ndispatch record (ops captured in a graph count once, at capture):\n" + dispatch.format_table())
+    for r in res["prefill"]:
+        p = r.get("profile")
+        if p and "error" in p:
+            log(f"profile prefill: FAILED {p['error']}")
+        elif p:
+            log(format_profile(p, top=20, label=f"prefill {args.ctx} tokens (eager, fused norms {res['fused_norms']})"))
     for r in res["decode"]:
         p = r.get("profile")
         if p and "error" in p:
