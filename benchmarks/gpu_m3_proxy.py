@@ -506,18 +506,15 @@ def main(argv=None) -> int:
     res["dispatch"] = dispatch.snapshot()
     _dump(res, args.out, cuda)
     log("\ndispatch record (ops captured in a graph count once, at capture):\n" + dispatch.format_table())
-    for r in res["prefill"]:
+    norms = f"fused norms {res['fused_norms']}"
+    profiled = [(r, 20, f"prefill {args.ctx} tokens (eager, {norms})") for r in res["prefill"]]
+    profiled += [(r, 15, f"B={r['batch']} (graph replay, {norms})") for r in res["decode"]]
+    for r, top, label in profiled:
         p = r.get("profile")
         if p and "error" in p:
-            log(f"profile prefill: FAILED {p['error']}")
+            log(f"profile {label}: FAILED {p['error']}")
         elif p:
-            log(format_profile(p, top=20, label=f"prefill {args.ctx} tokens (eager, fused norms {res['fused_norms']})"))
-    for r in res["decode"]:
-        p = r.get("profile")
-        if p and "error" in p:
-            log(f"profile B={r['batch']}: FAILED {p['error']}")
-        elif p:
-            log(format_profile(p, top=15, label=f"B={r['batch']} (graph replay, fused norms {res['fused_norms']})"))
+            log(format_profile(p, top=top, label=label))
     print_table(res)
     return 0
 
