@@ -319,7 +319,8 @@ def resolve_engine_config(config: EngineConfig, hf_config: dict, model_cls: Any 
     return resolved
 
 
-def config_in_effect(resolved: EngineConfig, source: Any, served_model_name: str) -> EngineConfig:
+def config_in_effect(resolved: EngineConfig, source: Any, served_model_name: str,
+                     kv_cache_bytes: Optional[int] = None) -> EngineConfig:
     """What a built engine runs with, as /version and `LLM.engine_config` report it: `resolved` (from
     resolve_engine_config) with the values known once the model is loaded. Not a command line to resolve again:
     some values are no flag's (quantization "mxfp4+fp8", kv_cache_dtype "float32").
@@ -329,7 +330,9 @@ def config_in_effect(resolved: EngineConfig, source: Any, served_model_name: str
     - load_format: auto becomes what was read, gguf or safetensors (dummy and explicit values stay);
     - quantization: the weight format the model was built with (ladle/quant/config.py: "fp8", "mxfp4", "mxfp4+fp8"
       or None);
-    - kv_cache_dtype: auto becomes the model dtype's name (kv_cache_dtype_in_effect).
+    - kv_cache_dtype: auto becomes the model dtype's name (kv_cache_dtype_in_effect);
+    - kv_cache_memory_bytes: unset (on CUDA: from --gpu-memory-utilization) becomes `kv_cache_bytes`, the KV budget
+      the runner profiled, where known (one rank; None leaves it unset).
     `source`: the ladle.models.loader.ModelSource the model was loaded from."""
     mc = resolved.model
     load_format = mc.load_format
@@ -338,6 +341,8 @@ def config_in_effect(resolved: EngineConfig, source: Any, served_model_name: str
     model = dataclasses.replace(mc, model=source.path, served_model_name=served_model_name,
                                 tokenizer=source.tokenizer_path, load_format=load_format,
                                 quantization=quantization_in_effect(mc, source.hf_config))
-    cache = dataclasses.replace(resolved.cache, kv_cache_dtype=kv_cache_dtype_in_effect(resolved.cache.kv_cache_dtype,
-                                                                                         mc.dtype))
+    cc = resolved.cache
+    cache = dataclasses.replace(cc, kv_cache_dtype=kv_cache_dtype_in_effect(cc.kv_cache_dtype, mc.dtype),
+                                kv_cache_memory_bytes=cc.kv_cache_memory_bytes if cc.kv_cache_memory_bytes is not None
+                                else kv_cache_bytes)
     return dataclasses.replace(resolved, model=model, cache=cache)

@@ -158,7 +158,8 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
     core = EngineCore(scheduler, runner, max_model_len=mc.max_model_len, eos_token_ids=eos)
     logger.info(startup_summary(resolved, model, runner.num_blocks))
     name = _model_name(resolved, source)  # before the path is filled in: the default model keeps its GGUF name
-    resolved = config_in_effect(resolved, source, name)  # what is in effect (/version, LLM.engine_config)
+    # what is in effect (/version, LLM.engine_config); the KV budget of one rank (the executor does not report it)
+    resolved = config_in_effect(resolved, source, name, getattr(runner, "kv_cache_bytes", None))
     logger.info("engine ready in %.1f s: %s on %s (%s), max_model_len %d, block %d, %d KV blocks",
                 time.monotonic() - t0, name, mc.device, mc.dtype, mc.max_model_len, resolved.cache.block_size,
                 runner.num_blocks)

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -15,7 +17,8 @@ from fastapi.testclient import TestClient
 from fake_engine import FakeEngineClient
 from harness import Server, start_fake
 from ladle.engine.async_engine import AsyncEngine
-from ladle.engine.config_resolve import kv_cache_dtype_in_effect
+from ladle.config import CacheConfig, EngineConfig, ModelConfig
+from ladle.engine.config_resolve import config_in_effect, kv_cache_dtype_in_effect
 from ladle.engine.engine_factory import build_engine, engine_config_from_kwargs
 from ladle.server.api import build_app
 from ladle.server.serving_chat import CHAT_ROLES
@@ -44,18 +47,30 @@ def test_kv_cache_dtype_in_effect(flag, dtype, in_effect):
     assert kv_cache_dtype_in_effect(flag, dtype) == in_effect
 
 
+def test_config_in_effect_fills_the_kv_budget_only_where_unset():
+    source = SimpleNamespace(kind="hf_dir", path="/m", tokenizer_path="/m", hf_config={})
+    unset = EngineConfig(model=ModelConfig(dtype="bfloat16", device="cuda"))
+    given = EngineConfig(model=ModelConfig(dtype="bfloat16"), cache=CacheConfig(kv_cache_memory_bytes=5 << 20))
+    assert config_in_effect(unset, source, "m", 123 << 20).cache.kv_cache_memory_bytes == 123 << 20
+    assert config_in_effect(unset, source, "m").cache.kv_cache_memory_bytes is None  # not known (ranks)
+    assert config_in_effect(given, source, "m", 123 << 20).cache.kv_cache_memory_bytes == 5 << 20
+    effect = config_in_effect(unset, source, "m")
+    assert (effect.model.load_format, effect.model.served_model_name, effect.cache.kv_cache_dtype) == (
+        "safetensors", "m", "bfloat16")
+
+
 @pytest.fixture(scope="module")
 def m3_checkpoint(tmp_path_factory):
     return make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny", config_only=True)
 
 
 def _version(path: str, **kwargs) -> tuple[dict, str, int]:
-    """GET /version of an app over a real engine (dummy weights on CPU): (engine_config, the engine's model name,
-    the scheduler's block size)."""
+    """GET /version of an app over a real engine on CPU: (engine_config, the engine's model name, the scheduler's
+    block size)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        bundle = build_engine(engine_config_from_kwargs(path, device="cpu", load_format="dummy", max_model_len=512,
+        bundle = build_engine(engine_config_from_kwargs(path, device="cpu", max_model_len=512,
                                                         kv_cache_memory_bytes=8 << 20, **kwargs))
     finally:
         torch.set_num_threads(n)
@@ -69,7 +84,7 @@ def _version(path: str, **kwargs) -> tuple[dict, str, int]:
 
 
 def test_version_reports_the_values_in_effect(m3_checkpoint):
-    served, name, block_size = _version(m3_checkpoint)
+    served, name, block_size = _version(m3_checkpoint, load_format="dummy")
     assert served["cache"]["kv_cache_dtype"] == served["model"]["dtype"] == "float32"  # auto: the model dtype (CPU)
     assert served["model"]["served_model_name"] == name == m3_checkpoint
     assert served["cache"]["block_size"] == block_size > 0  # auto (0): M3's index block
@@ -80,8 +95,10 @@ def test_version_reports_the_values_in_effect(m3_checkpoint):
     assert nulls <= {"model.hf_overrides", "model.quantization"}, nulls  # nothing given, nothing in effect
 
 
-def test_version_reports_fp8_kv_and_the_given_name(m3_checkpoint):
-    served, name, _ = _version(m3_checkpoint, kv_cache_dtype="fp8", served_model_name="m3-tiny")
+def test_version_reports_fp8_kv_the_given_name_and_the_format_read(tmp_path):
+    path = make_checkpoint(str(tmp_path / "tiny"), "tiny")  # with safetensors weights
+    served, name, _ = _version(path, kv_cache_dtype="fp8", served_model_name="m3-tiny")
+    assert served["model"]["load_format"] == "safetensors"  # auto: what was read
     assert served["cache"]["kv_cache_dtype"] == "fp8_e4m3"  # vLLM's alias, resolved
     assert served["model"]["served_model_name"] == name == "m3-tiny"
 
