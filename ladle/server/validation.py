@@ -90,7 +90,7 @@ def check_sampling_fields(req: Any, limits: ServerConfig, vocab_size: int) -> No
     stop_token_ids; and the fields ladle does not honour or does not know (check_request_fields)."""
     check_model_fields(req)
     check_request_fields(req)
-    if req.stream_options is not None and req.stream is not True:  # OpenAI: set only with stream true; refused, not ignored
+    if req.stream_options is not None and req.stream is not True:  # OpenAI: only with stream true; refused, not ignored
         raise OpenAIError("stream_options applies to streamed responses only: send it with stream: true, or leave it "
                           "out (a response that is not streamed always carries usage)", 400, "stream_options")
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:  # refused, never ignored
