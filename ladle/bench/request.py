@@ -95,6 +95,8 @@ def build_payload(inp: RequestInput) -> dict[str, Any]:
         payload["ignore_eos"] = True
     if inp.extra_body:
         payload.update(inp.extra_body)
+    if payload.get("stream") is not True:  # an extra body that turns streaming off: stream_options would be a 400
+        payload.pop("stream_options", None)
     return payload
 
 

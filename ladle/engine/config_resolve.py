@@ -20,7 +20,7 @@ import torch
 
 from ladle.config import GiB, EngineConfig, env_flag, format_refusals
 from ladle.models.hf_config import text_config_of
-from ladle.quant.config import check_quantization
+from ladle.quant.config import check_quantization, quantization_in_effect
 from ladle.runner.op_backends import (expand_cuda_graph_sizes, resolve_attention_backend, resolve_moe_backend,
                                       resolve_runner_config)
 
@@ -198,6 +198,14 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str) -> str:
                       "fp8_e5m2 (FP8 K/V and index-K caches with per-tensor scales)")
 
 
+def kv_cache_dtype_in_effect(kv_cache_dtype: str, dtype: str) -> str:
+    """The KV cache dtype a resolved config stores, by name: the model dtype (`dtype`, resolved: "float32",
+    "bfloat16", "float16") for auto, fp8_e4m3 for vLLM's alias fp8, else the FP8 name given."""
+    if kv_cache_dtype == "auto":
+        return dtype
+    return "fp8_e4m3" if kv_cache_dtype == "fp8" else kv_cache_dtype
+
+
 def resolve_quantization(quantization: Optional[str], hf_config: Optional[dict]) -> Optional[str]:
     """--quantization checked against the checkpoint's config.json `quantization_config` before anything loads
     (ladle/quant/config.py `check_quantization`: fp8, the checkpoint's own format, or nothing; a checkpoint format
@@ -309,3 +317,32 @@ def resolve_engine_config(config: EngineConfig, hf_config: dict, model_cls: Any 
     if refusals.messages:
         raise ConfigError(*refusals.messages)
     return resolved
+
+
+def config_in_effect(resolved: EngineConfig, source: Any, served_model_name: str,
+                     kv_cache_bytes: Optional[int] = None) -> EngineConfig:
+    """What a built engine runs with, as /version and `LLM.engine_config` report it: `resolved` (from
+    resolve_engine_config) with the values known once the model is loaded. Not a command line to resolve again:
+    some values are no flag's (quantization "mxfp4+fp8", kv_cache_dtype "float32").
+    - model: the path the source resolved to (None meant the embedded default GGUF);
+    - served_model_name: the name the API answers to (--served-model-name, else the model's path or GGUF name);
+    - tokenizer: the directory the tokenizer was read from (None meant the model's);
+    - load_format: auto becomes what was read, gguf or safetensors (dummy and explicit values stay);
+    - quantization: the weight format the model was built with (ladle/quant/config.py: "fp8", "mxfp4", "mxfp4+fp8"
+      or None);
+    - kv_cache_dtype: auto becomes the model dtype's name (kv_cache_dtype_in_effect);
+    - kv_cache_memory_bytes: unset (on CUDA: from --gpu-memory-utilization) becomes `kv_cache_bytes`, the KV budget
+      the runner profiled, where known (one rank; None leaves it unset).
+    `source`: the ladle.models.loader.ModelSource the model was loaded from."""
+    mc = resolved.model
+    load_format = mc.load_format
+    if load_format == "auto":
+        load_format = "gguf" if source.kind == "gguf" else "safetensors"
+    model = dataclasses.replace(mc, model=source.path, served_model_name=served_model_name,
+                                tokenizer=source.tokenizer_path, load_format=load_format,
+                                quantization=quantization_in_effect(mc, source.hf_config))
+    cc = resolved.cache
+    cache = dataclasses.replace(cc, kv_cache_dtype=kv_cache_dtype_in_effect(cc.kv_cache_dtype, mc.dtype),
+                                kv_cache_memory_bytes=cc.kv_cache_memory_bytes if cc.kv_cache_memory_bytes is not None
+                                else kv_cache_bytes)
+    return dataclasses.replace(resolved, model=model, cache=cache)

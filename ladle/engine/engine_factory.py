@@ -18,11 +18,10 @@ import torch
 
 from ladle.config import COMPONENTS, EngineConfig
 from ladle.core.scheduler import Scheduler
-from ladle.engine.config_resolve import (ConfigError, config_refusals, resolve_engine_config, resolve_model_path,
-                                         torch_dtype)
+from ladle.engine.config_resolve import (ConfigError, config_in_effect, config_refusals, kv_cache_dtype_in_effect,
+                                         resolve_engine_config, resolve_model_path, torch_dtype)
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.tokenizer import eos_token_ids, load_tokenizer
-from ladle.quant.config import quantization_in_effect
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +92,7 @@ def startup_summary(resolved: EngineConfig, model: Any, num_blocks: int) -> str:
     weights = model if isinstance(model, int) else sum(
         t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     tokens = (num_blocks - 1) * cc.block_size  # block 0 is the null block, never handed to a request
-    kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else cc.kv_cache_dtype
+    kv_dtype = kv_cache_dtype_in_effect(cc.kv_cache_dtype, mc.dtype)
     graphs = f"{len(rc.cuda_graph_sizes)} sizes up to {max(rc.cuda_graph_sizes)}" if rc.cuda_graph_sizes else "none"
     return (f"startup summary: weights {weights / 2**30:.2f} GiB ({weights} bytes); KV cache {tokens} tokens in "
             f"{num_blocks} blocks of {cc.block_size}; max concurrency {tokens / mc.max_model_len:.2f}x at "
@@ -159,10 +158,8 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
     core = EngineCore(scheduler, runner, max_model_len=mc.max_model_len, eos_token_ids=eos)
     logger.info(startup_summary(resolved, model, runner.num_blocks))
     name = _model_name(resolved, source)  # before the path is filled in: the default model keeps its GGUF name
-    # what is in effect (/version): the model path the source resolved to (None meant the embedded default) and
-    # the weight format the model was built with (ladle/quant/config.py: "fp8", "mxfp4", "mxfp4+fp8" or None)
-    resolved = dataclasses.replace(resolved, model=dataclasses.replace(
-        resolved.model, model=source.path, quantization=quantization_in_effect(mc, source.hf_config)))
+    # what is in effect (/version, LLM.engine_config); the KV budget of one rank (the executor does not report it)
+    resolved = config_in_effect(resolved, source, name, getattr(runner, "kv_cache_bytes", None))
     logger.info("engine ready in %.1f s: %s on %s (%s), max_model_len %d, block %d, %d KV blocks",
                 time.monotonic() - t0, name, mc.device, mc.dtype, mc.max_model_len, resolved.cache.block_size,
                 runner.num_blocks)

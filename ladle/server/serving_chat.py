@@ -34,12 +34,24 @@ from ladle.server.validation import check_logprobs_count, check_sampling_fields,
 logger = logging.getLogger("ladle.server")
 
 
+# The roles of OpenAI's chat messages that ladle passes to the chat template (developer: OpenAI's newer name for
+# system instructions, which templates such as MiniMax-M3's render). OpenAI's deprecated `function` role and any
+# other name are refused: a template would render an unknown role verbatim, a turn the model was never trained on.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
-    """Messages as plain dicts for the template; list content keeps only its text parts (400 otherwise)."""
+    """Messages as plain dicts for the template; a role outside CHAT_ROLES is a 400; list content keeps only its
+    text parts (400 otherwise)."""
     if not req.messages:
         raise OpenAIError("messages must contain at least one message", 400, "messages")
     out = []
     for i, m in enumerate(req.messages):
+        if m.role not in CHAT_ROLES:
+            hint = " (OpenAI's deprecated function role: send the result as role tool with tool_call_id)" \
+                if m.role == "function" else ""
+            raise OpenAIError(f"messages[{i}].role {m.role[:40]!r} is not a chat role ladle handles; use one of "
+                              f"{', '.join(CHAT_ROLES)}{hint}", 400, f"messages[{i}].role")
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             texts = []

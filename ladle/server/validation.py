@@ -10,6 +10,8 @@ engine. Each failure is an OpenAIError(400) whose `param` names the field (a dot
   response_format json_schema, audio, ...; vLLM's guided_json, use_beam_search, ...) is refused unless its value
   is equivalent to leaving it out; an unknown field is refused; metadata fields no output depends on (user,
   metadata, safety_identifier, prompt_cache_key) pass. The message names the field and what ladle offers instead.
+- stream_options: only with stream true (a response that is not streamed has no chunks to shape), never
+  continuous_usage_stats.
 - Limits (ServerConfig): n, logprobs / top_logprobs (also at most the vocabulary size), prompts per request, stop
   strings (count, length) and stop_token_ids (count, vocabulary range). max_tokens is bounded by max_model_len (resolve_max_tokens).
 """
@@ -88,6 +90,9 @@ def check_sampling_fields(req: Any, limits: ServerConfig, vocab_size: int) -> No
     stop_token_ids; and the fields ladle does not honour or does not know (check_request_fields)."""
     check_model_fields(req)
     check_request_fields(req)
+    if req.stream_options is not None and req.stream is not True:  # OpenAI: only with stream true; refused, not ignored
+        raise OpenAIError("stream_options applies to streamed responses only: send it with stream: true, or leave it "
+                          "out (a response that is not streamed always carries usage)", 400, "stream_options")
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:  # refused, never ignored
         raise OpenAIError("not supported yet: stream_options.continuous_usage_stats (ladle sends usage once, in the "
                           "last chunk, with stream_options.include_usage)", 400, "stream_options")

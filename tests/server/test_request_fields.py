@@ -5,6 +5,8 @@ serving afterwards."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import openai
 import pytest
 
@@ -93,12 +95,14 @@ def _expect_400(c, path: str, body: dict, param: str) -> str:
     return messages.pop()
 
 
-def _expect_ok(c, path: str, body: dict) -> None:
+def _expect_ok(c, path: str, body: dict, streamed: Optional[dict] = None) -> None:
+    """`body` answered 200 with the scripted text, plain and streamed; `streamed`: fields of the streamed request
+    only (stream_options is refused on a plain request)."""
     r = c.post(path, json=body)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert (choice["message"]["content"] if path == CHAT else choice["text"]) == SCRIPT[:3]
-    with c.stream("POST", path, json={**body, "stream": True}) as r:
+    with c.stream("POST", path, json={**body, **(streamed or {}), "stream": True}) as r:
         raw = r.read()
     assert r.status_code == 200 and raw.startswith(b"data:") and raw.rstrip().endswith(b"data: [DONE]"), raw[-200:]
 
@@ -140,8 +144,8 @@ def test_nested_history_fields_stay_accepted(fake_server):
                 {"role": "assistant", "content": "hello", "refusal": None, "annotations": [], "audio": None},
                 {"role": "user", "content": "again"}]
     with fake_server.client() as c:
-        _expect_ok(c, CHAT, {**BASE[CHAT], "messages": messages,
-                             "stream_options": {"include_usage": True, "include_obfuscation": False}})
+        _expect_ok(c, CHAT, {**BASE[CHAT], "messages": messages},
+                   streamed={"stream_options": {"include_usage": True, "include_obfuscation": False}})
 
 
 def test_openai_client_extra_body(fake_server):
