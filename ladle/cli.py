@@ -62,21 +62,47 @@ def _resolve_model(args: argparse.Namespace) -> None:
 def configs_or_refusal(parser: argparse.ArgumentParser,
                        argv: list[str]) -> tuple[EngineConfig, ServerConfig, argparse.Namespace]:
     """The configs of a command line, or exit with every refusal in one message: status 2 when a flag is refused
-    (unsupported, malformed), 1 when only values are. When anything is refused, the model's config.json is read
-    too, so its refusals (block size, context length) join the same message; weights are never loaded here."""
+    (unsupported, malformed), 1 when only values are. The model's config.json (or GGUF header) is read too, so its
+    refusals (tensor-parallel size, block size, context length) join the same message; weights are never loaded
+    here."""
     refusals, args = collect_refusals(parser, argv)
     flag_refused = bool(refusals)
     if args is not None:
         _resolve_model(args)
         engine_config, server_config = configs_from_args(args)
         preflight = _lazy("ladle.engine.engine_factory", "preflight_refusals", "the engine")
-        refusals += _server_refusals(server_config)
-        if refusals or preflight(engine_config, with_model=False):
-            refusals += preflight(engine_config, with_model=True)
+        # the checks against the model's config.json too (tenths of a second, also for a GGUF header): a refusal
+        # that needs the model (tensor-parallel size against the heads, block size, context length) comes in the
+        # same message as the others, before "configuration accepted"
+        refusals += _server_refusals(server_config) + preflight(engine_config, with_model=True)
+        refusals += _cuda_only_refusals(argv, engine_config)
     if refusals:
         print(f"{parser.prog}: error: {format_refusals(refusals)}", file=sys.stderr)
         sys.exit(2 if flag_refused else 1)
     return engine_config, server_config, args
+
+
+# Flags that size or shape CUDA work only: given on a CPU run they would be accepted and do nothing.
+CUDA_ONLY_FLAGS = {
+    "--gpu-memory-utilization": "on CPU the KV cache takes --kv-cache-memory-bytes (default 2 GiB)",
+    "--cuda-graph-sizes": "CPU steps run eager (CUDA graphs exist on CUDA only)",
+}
+
+
+def _cuda_only_refusals(argv: list[str], engine_config: EngineConfig) -> list[str]:
+    """A refusal per CUDA_ONLY_FLAGS flag given on the command line when the run is on CPU."""
+    given = {token.partition("=")[0] for token in argv if token.startswith("--")}
+    flags = [f for f in CUDA_ONLY_FLAGS if f in given]
+    if not flags:
+        return []
+    device = engine_config.model.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu":
+        return []
+    return [f"{flag}: applies on CUDA only, and this run is on CPU; {CUDA_ONLY_FLAGS[flag]}" for flag in flags]
 
 
 def _server_refusals(server_config: ServerConfig) -> list[str]:

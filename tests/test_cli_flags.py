@@ -96,6 +96,23 @@ def test_tensor_parallel_size_must_divide_the_heads_and_ray_is_refused():
         resolve_parallel(2, "ray", {"num_attention_heads": 6})
 
 
+def test_ray_and_a_size_that_does_not_divide_are_refused_together():
+    refusals = config_refusals(EngineConfig(model=ModelConfig(device="cpu"), parallel=ParallelConfig(7, "ray")),
+                               {"num_attention_heads": 9})
+    assert any(r.startswith("--distributed-executor-backend ray: not supported yet") for r in refusals), refusals
+    assert any("--tensor-parallel-size 7 does not divide this model's 9 attention heads; sizes that work: 1, 3, 9"
+               in r for r in refusals), refusals
+
+
+def test_tensor_parallel_size_against_the_heads_is_refused_before_the_engine_starts(m3_tiny):
+    """The model's config.json is read up front on every command line: a size that does not divide the heads is
+    refused in the one message (exit 1), before 'configuration accepted', with the other refusals of the line."""
+    r = _ladle("serve", m3_tiny, "--tensor-parallel-size", "7", "--max-num-seqs", "0", "--port", "1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "configuration accepted" not in r.stderr and r.stderr.count("error:") == 1, r.stderr
+    assert "--tensor-parallel-size 7 does not divide this model's" in r.stderr and "--max-num-seqs" in r.stderr
+
+
 def test_expert_parallel_needs_experts_that_split():
     from ladle.engine.config_resolve import resolve_expert_parallel
 
@@ -258,3 +275,11 @@ def test_port_outside_the_tcp_range_is_refused_before_loading():
     r = _ladle("serve", "/nonexistent/model", "--port", "99999")
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("error:") == 1
     assert "--port 99999: a TCP port is 0-65535" in r.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for CPU runs")
+def test_cuda_only_flags_on_a_cpu_run_are_refused(m3_tiny):
+    r = _ladle("serve", m3_tiny, "--gpu-memory-utilization", "0.5", "--cuda-graph-sizes=8", "--port", "1")
+    assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr
+    assert "--gpu-memory-utilization: applies on CUDA only" in r.stderr and "--kv-cache-memory-bytes" in r.stderr
+    assert "--cuda-graph-sizes: applies on CUDA only" in r.stderr

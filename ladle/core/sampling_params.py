@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -56,6 +58,15 @@ class SamplingParams:
         def bad(msg: str) -> None:
             raise ValueError(msg)
 
+        # Every integer crosses the engine-core process boundary as a 64-bit integer (msgspec) and becomes int64
+        # tensor values; vLLM bounds `seed` to the same range. Refused here, so both engine layouts answer alike.
+        for name in ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+                bad(f"{name} must fit in a signed 64-bit integer [-2**63, 2**63 - 1], got {str(value)[:24]}"
+                    + ("..." if len(str(value)) > 24 else ""))
+        if any(isinstance(t, int) and not INT64_MIN <= t <= INT64_MAX for t in self.stop_token_ids):
+            bad("stop_token_ids must fit in a signed 64-bit integer")
         if self.n < 1:
             bad(f"n must be at least 1, got {self.n}")
         if self.temperature < 0:

@@ -152,19 +152,23 @@ def _attention_heads(hf_config: dict) -> Optional[int]:
 
 def resolve_parallel(tensor_parallel_size: int, backend: str = "mp", hf_config: Optional[dict] = None) -> int:
     """--tensor-parallel-size must be >= 1 and divide the model's attention heads (the error lists the sizes that
-    do); --distributed-executor-backend mp only (ray: not supported yet). Returns the size."""
+    do); --distributed-executor-backend mp only (ray: not supported yet). Returns the size; one ConfigError with
+    every refusal of the two flags."""
+    refusals = []
     if backend != "mp":
         why = "not supported yet" if backend == "ray" else "not a distributed executor backend ladle knows"
-        raise ConfigError(f"--distributed-executor-backend {backend}: {why}; ladle offers mp (one local process "
-                          "per rank)")
-    if tensor_parallel_size < 1:
-        raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size}: must be a positive number of ranks "
-                          "(1 runs the model in one process)")
+        refusals.append(f"--distributed-executor-backend {backend}: {why}; ladle offers mp (one local process per "
+                        "rank)")
     heads = _attention_heads(hf_config) if hf_config is not None else None
-    if heads and heads % tensor_parallel_size:
+    if tensor_parallel_size < 1:
+        refusals.append(f"--tensor-parallel-size {tensor_parallel_size}: must be a positive number of ranks "
+                        "(1 runs the model in one process)")
+    elif heads and heads % tensor_parallel_size:
         sizes = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
-        raise ConfigError(f"--tensor-parallel-size {tensor_parallel_size} does not divide this model's {heads} "
-                          f"attention heads; sizes that work: {sizes}")
+        refusals.append(f"--tensor-parallel-size {tensor_parallel_size} does not divide this model's {heads} "
+                        f"attention heads; sizes that work: {sizes}")
+    if refusals:
+        raise ConfigError(*refusals)
     return int(tensor_parallel_size)
 
 

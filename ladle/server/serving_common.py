@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,8 @@ from ladle.server.validation import check_token_ids
 T = TypeVar("T")
 logger = logging.getLogger("ladle.server")
 PREPARE_THREADS = 4  # concurrent tokenizations / chat templates; more requests queue for a thread
+
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 class ClientDisconnected(Exception):
@@ -157,7 +160,8 @@ def make_sampling_params(req: Any, max_tokens: int, logprobs: Optional[int],
         )
     except ValueError as e:  # SamplingParams' messages start with the field's name
         field_name = str(e).split(" ", 1)[0]
-        raise OpenAIError(str(e), 400, field_name if hasattr(SamplingParams, field_name) else None) from e
+        known = field_name in SAMPLING_FIELDS  # fields with a default_factory (stop, ...) are no class attributes
+        raise OpenAIError(str(e), 400, field_name if known else None) from e
 
 
 @dataclass

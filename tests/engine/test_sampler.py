@@ -206,13 +206,25 @@ def test_top_k_off_is_zero_from_params_to_tensors():
     assert t.top_k.tolist() == [7] and t.has_top_k
 
 
+@pytest.mark.parametrize("field,value", [("seed", 2**63), ("seed", -(2**63) - 1), ("seed", 10**23), ("top_k", 2**70),
+                                         ("min_tokens", 2**64), ("max_tokens", 2**63), ("n", 2**80)])
+def test_integers_outside_int64_are_refused(field, value):
+    """Every integer crosses the engine-core process boundary as a 64-bit integer: a wider one is a ValueError (a
+    400 at the server) naming the field, in both engine layouts; the edges of the range are accepted."""
+    with pytest.raises(ValueError, match=f"^{field} must fit in a signed 64-bit integer"):
+        SamplingParams(**{field: value})
+    assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1 and SamplingParams(seed=-(2**63)).seed == -(2**63)
+    with pytest.raises(ValueError, match="^stop_token_ids must fit"):
+        SamplingParams(stop_token_ids=[5, 2**64])
+
+
 def test_triton_draw_equals_reference_draw():
     """The Sampler's two backends (the Triton race, interpreted on CPU, and its torch reference) hash alike."""
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(5, V, generator=gen) * 2
     sps = [SamplingParams(temperature=0.9, top_k=9, seed=11), SamplingParams(temperature=1.2, top_p=0.7),
            SamplingParams(temperature=0), SamplingParams(temperature=0.6, min_p=0.1, repetition_penalty=1.4),
-           SamplingParams(temperature=1.0, seed=2**70 + 5)]
+           SamplingParams(temperature=1.0, seed=2**63 - 5)]
     states = [_state(f"r{i}", sp, outputs=(4, 4, 9)) for i, sp in enumerate(sps)]
     for pos in range(6):
         t = build_sampling_tensors(states, [pos + 3] * 5, V, torch.device("cpu"))

@@ -102,3 +102,20 @@ def test_no_engine_core_process_keeps_the_thread(m3_dir, tmp_path):
     assert _cores(server) == []
     assert _complete(server, max_tokens=4).status_code == 200
     assert server.stop() == 0
+
+
+def test_integers_beyond_64_bits_are_a_400_not_a_500(m3_dir, tmp_path):
+    """msgspec carries 64-bit integers to the core process: a wider seed / top_k / min_tokens is refused at the edge
+    with a 400 naming the field (it was a 500 from the encoder in this layout, a 200 with the core on a thread), and
+    the server goes on serving."""
+    server = _serve(m3_dir, tmp_path / "serve.log")
+    try:
+        for field, value in (("seed", 99999999999999999999999), ("seed", -9223372036854775809),
+                             ("top_k", 1180591620717411303424), ("min_tokens", 2**64)):
+            for stream in (False, True):
+                r = _complete(server, max_tokens=4, stream=stream, **{field: value})
+                assert r.status_code == 400, (field, stream, r.text)
+                assert field in r.json()["error"]["message"], r.text
+        assert _complete(server, max_tokens=4, seed=2**63 - 1).status_code == 200
+    finally:
+        server.stop()

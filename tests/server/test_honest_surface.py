@@ -196,3 +196,17 @@ def test_bench_client_sends_stream_options_only_when_streaming():
         inp.extra_body = {"stream": False}
         payload = build_payload(inp)
         assert payload["stream"] is False and "stream_options" not in payload
+
+
+# ---------------------------------------------------------------------------------------------- param names
+@pytest.mark.parametrize("body,param", [({"stop": [""]}, "stop"), ({"stop": ["ok", ""]}, "stop"),
+                                        ({"stop_token_ids": [3, 2**64]}, "stop_token_ids"),
+                                        ({"seed": 2**64}, "seed"), ({"top_k": 2**70}, "top_k")])
+def test_sampling_refusals_name_their_field(counting_server, body, param):
+    """A SamplingParams refusal names its field in `param`, also for the fields with a default factory (stop,
+    stop_token_ids) that are no class attributes; integers beyond 64 bits are refused before the engine."""
+    engine = counting_server.engine
+    before = engine.submitted
+    with counting_server.client() as c:
+        msg = _refused(c, COMPLETIONS, {"prompt": "hi", "max_tokens": 3, **body}, param)
+    assert param in msg and engine.submitted == before
