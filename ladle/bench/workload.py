@@ -46,7 +46,20 @@ def _server_tokenizer(base_url: str, model: str) -> ServerTokenizer | None:
     try:
         return ServerTokenizer(base_url, model)
     except (httpx.HTTPError, KeyError, ValueError) as e:
+        served = _served_models(base_url)
+        if served is not None and model not in served:  # the 404 was the model name's, not a missing /tokenize
+            raise ValueError(f"--model {model}: the server does not serve it; it serves {', '.join(served)}") from e
         print(f"WARNING: the server's /tokenize is unavailable ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+
+
+def _served_models(base_url: str) -> list[str] | None:
+    """The model ids of the server's /v1/models, or None when it cannot be read."""
+    try:
+        r = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=30)
+        r.raise_for_status()
+        return [m["id"] for m in r.json()["data"]]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
         return None
 
 

@@ -79,3 +79,4 @@ def test_summary_lines_are_vllms(fake_server, capsys):
         "Output token throughput (tok/s):", "Peak output token throughput (tok/s):", "Peak concurrent requests:",
         "Total token throughput (tok/s):"]
     assert "=========== Serving Benchmark Result ============" in out
+

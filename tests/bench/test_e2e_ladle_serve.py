@@ -46,3 +46,15 @@ def test_bench_serve_against_ladle_serve(ladle_server, tmp_path):
     assert all(12 <= n <= 116 for n in r["input_lens"])  # [floor(64*0.2), ceil(64*1.8)] minus/plus re-tokenising
     assert 0 < r["median_ttft_ms"] and r["mean_e2el_ms"] >= r["mean_ttft_ms"]
     assert r["ladle"]["server"]["block_size"] == 16
+
+
+def test_a_model_the_server_does_not_serve_is_named(ladle_server):
+    """A wrong --model makes ladle's /tokenize answer 404: the bench names the model and the served ids, instead of
+    saying that the server has no /tokenize."""
+    cmd = [sys.executable, "-m", "ladle", "bench", "serve", "--base-url", ladle_server, "--model", "wrong-model",
+           "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "4", "--num-prompts", "2",
+           "--disable-tqdm"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "--model wrong-model: the server does not serve it; it serves SmolLM2-135M-Instruct" in done.stderr
+    assert "/tokenize is unavailable" not in done.stderr and "Traceback" not in done.stderr
