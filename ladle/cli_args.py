@@ -287,15 +287,21 @@ def _raise_instead_of_exit(message: str) -> None:
 
 def collect_refusals(parser: argparse.ArgumentParser,
                      argv: list[str]) -> tuple[list[str], Optional[argparse.Namespace]]:
-    """(refusals, namespace or None) for one command line: the unsupported vLLM flags, then argparse's error on the
-    rest if any (then no namespace). argparse's error alone exits as argparse does (usage + error, status 2), and so
-    does `--help`."""
+    """(refusals, namespace or None) for one command line: the unsupported vLLM flags, unknown flags (the rest still
+    parsed, so the caller's value checks join the same message), then argparse's error on the rest if any (then no
+    namespace). argparse's error alone exits as argparse does (usage + error, status 2), and so does `--help`."""
     argv = strip_no_op_flags(argv)
     refusals, rest = split_unsupported(parser, argv)
     error = parser.error
     parser.error = _raise_instead_of_exit  # type: ignore[method-assign]
     try:
-        return refusals, parser.parse_args(rest)
+        args, unknown = parser.parse_known_args(rest)
+        if not unknown:
+            return refusals, args
+        message = f"unrecognized arguments: {' '.join(unknown)}"
+        if all(u.startswith("-") for u in unknown):  # unknown flags alone: the rest parsed, so its checks still run
+            return refusals + [f"{message} (`{parser.prog} --help` lists the flags)"], args
+        raise _ArgparseError(message)  # a stray value: the parse of the rest cannot be trusted
     except _ArgparseError as e:
         if not refusals:
             parser.error = error  # type: ignore[method-assign]

@@ -283,3 +283,13 @@ def test_cuda_only_flags_on_a_cpu_run_are_refused(m3_tiny):
     assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr
     assert "--gpu-memory-utilization: applies on CUDA only" in r.stderr and "--kv-cache-memory-bytes" in r.stderr
     assert "--cuda-graph-sizes: applies on CUDA only" in r.stderr
+
+
+def test_an_unknown_flag_does_not_hide_the_other_refusals(m3_tiny):
+    r = _ladle("serve", m3_tiny, "--no-such-flag", "--max-num-seqs", "0", "--tensor-parallel-size", "7", "--port", "1")
+    assert r.returncode == 2 and r.stderr.count("error:") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "unrecognized arguments: --no-such-flag" in r.stderr and "--max-num-seqs" in r.stderr
+    assert "--tensor-parallel-size 7 does not divide" in r.stderr
+    # a stray value makes the parse untrustworthy: argparse's own error alone, as before
+    r = _ladle("serve", m3_tiny, "stray-value", "--port", "1")
+    assert r.returncode == 2 and "unrecognized arguments: stray-value" in r.stderr and "usage:" in r.stderr
