@@ -31,7 +31,7 @@ ALLOWED = {
     "cli": None,  # argument wiring: may import anything
     "cli_args": None,
     "__main__": None,
-    "__init__": set(),
+    "__init__": {"engine", "core"},  # `from ladle import LLM, SamplingParams`: the offline API, loaded lazily
     "data": set(),
 }
 LEAVES = {"ladle.config", "ladle.observe.dispatch"}
