@@ -207,10 +207,10 @@ def serve(args: argparse.Namespace) -> None:
     from ladle.server.api import EngineStoppingServer, bind_socket, build_app, uvicorn_config
 
     step_s = float(args.rest[0]) / 1000.0
+    state: dict = {"prof": None}
     engine = start_engine(args.model, step_s)
     server_config = ServerConfig(port=args.port)
     app = build_app(engine, server_config)
-    state: dict = {"prof": None}
     loop_tid: dict = {}
 
     @app.get("/_chunk_rate/cpu")
@@ -223,10 +223,26 @@ def serve(args: argparse.Namespace) -> None:
             state["prof"].disable()
             state["prof"].dump_stats(profile)
             state["prof"] = None
+        if "gc" in state:
+            print("gc passes", state["gc"]["n"], "seconds", state["gc"]["s"], flush=True)
         t = os.times()
         return {"process_s": t.user + t.system, "loop_s": _thread_cpu_s(loop_tid["tid"]),
                 "threads": threading.active_count()}
 
+    if os.environ.get("CHUNK_RATE_GC_STATS"):  # experiment: collector passes and their time, printed at exit
+        import gc
+
+        gc_time = {"n": [0, 0, 0], "s": [0.0, 0.0, 0.0], "t0": 0.0}
+
+        def on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                gc_time["t0"] = time.perf_counter()
+            else:
+                gc_time["n"][info["generation"]] += 1
+                gc_time["s"][info["generation"]] += time.perf_counter() - gc_time["t0"]
+
+        gc.callbacks.append(on_gc)
+        state["gc"] = gc_time
     sock = bind_socket("127.0.0.1", args.port)
     EngineStoppingServer(uvicorn_config(app, server_config), engine).run(sockets=[sock])
 
