@@ -243,6 +243,13 @@ def serve(args: argparse.Namespace) -> None:
 
         gc.callbacks.append(on_gc)
         state["gc"] = gc_time
+    if os.environ.get("CHUNK_RATE_INLINE_PREPARE"):  # experiment: prepare on the loop, no thread pool
+        from ladle.server.serving_common import ServingContext
+
+        async def inline(self, fn, *a):
+            return fn(*a)
+
+        ServingContext.off_loop = inline
     sock = bind_socket("127.0.0.1", args.port)
     EngineStoppingServer(uvicorn_config(app, server_config), engine).run(sockets=[sock])
 
