@@ -19,10 +19,17 @@ and that it ended with finish_reason "length" (`ok` column; a failed check makes
 Columns: chunks/s = content SSE events (all streams) / wall time of the load; tok/chunk = tokens / content events;
 ITL = median gap between a stream's consecutive content events (ms); srv us/chunk = API-server process CPU time
 (all its threads, user + system, from /proc) during the load / content events; loop us/chunk = the same for the
-event-loop thread alone. On a shared 2-core machine run it a few times: the client and the core share the cores.
+event-loop thread alone; gc us/chunk = CPU time of the collector's passes (gc.callbacks) / content events. On a shared
+2-core machine run it a few times: the client and the core share the cores.
 
     /work/main/.venv/bin/python benchmarks/serve_chunk_rate.py --model /work/main/.bench_assets/smollm2-135m \
-        --concurrency 1,32,128 --step-ms 0,2.3 --output-len 256 --out /tmp/chunk_rate.json
+        --concurrency 1,32,128 --step-ms 10,2.3 --output-len 256 --out /tmp/chunk_rate.json
+
+Reading it: at a step interval the server keeps up with (tok/chunk ~1), srv us/chunk is the API server's cost of one
+streamed token end to end (its capacity is about 1e6 / that per core). When it cannot keep up (2.3 ms steps at
+N = 128, SmolLM2 on an H200: 55k tokens/s), each stream's backlog is merged into its next chunk: tok/chunk and ITL
+grow, chunks/s falls. `--step-ms 0` lets the core run every stream to the end before the server reads much: a drain
+test, not a rate.
 
 `--profile DIR` writes a cProfile of the event-loop thread during each load (DIR/prof_<step>_<N>.pstats).
 """
@@ -49,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=DEFAULT_MODEL_DIR, help="dir with SmolLM2's tokenizer")
     p.add_argument("--concurrency", default="1,32,128")
-    p.add_argument("--step-ms", default="0,2.3", help="the fake core's step interval(s), ms (0 = as fast as it can)")
+    p.add_argument("--step-ms", default="10,2.3", help="the fake core's step interval(s), ms (0 = as fast as it can)")
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--rounds", type=int, default=1, help="requests per stream slot (N * rounds requests per point)")
@@ -199,23 +206,41 @@ def _thread_cpu_s(tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class _GCTimer:
+    """Collector passes per generation and their CPU seconds (thread time of the collecting thread), from
+    gc.callbacks."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.passes, self.cpu_s, self._t0 = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+        else:
+            self.passes[info["generation"]] += 1
+            self.cpu_s[info["generation"]] += time.thread_time() - self._t0
+
+
 def serve(args: argparse.Namespace) -> None:
+    """The API-server process: `ladle serve`'s app and uvicorn settings around CoreProcessEngine + the fake core, plus
+    one route for the harness (this process's CPU times, the collector's passes, cProfile on / off)."""
     import cProfile
     import threading
 
     from ladle.config import ServerConfig
     from ladle.server.api import EngineStoppingServer, bind_socket, build_app, uvicorn_config
 
-    step_s = float(args.rest[0]) / 1000.0
-    state: dict = {"prof": None}
-    engine = start_engine(args.model, step_s)
+    engine = start_engine(args.model, float(args.rest[0]) / 1000.0)
     server_config = ServerConfig(port=args.port)
     app = build_app(engine, server_config)
-    loop_tid: dict = {}
+    state: dict = {"prof": None, "gc": _GCTimer()}
 
     @app.get("/_chunk_rate/cpu")
     async def cpu(profile: str = "") -> dict:
-        loop_tid.setdefault("tid", threading.get_native_id())
+        state.setdefault("loop_tid", threading.get_native_id())
         if profile == "start":
             state["prof"] = cProfile.Profile()
             state["prof"].enable()
@@ -223,33 +248,10 @@ def serve(args: argparse.Namespace) -> None:
             state["prof"].disable()
             state["prof"].dump_stats(profile)
             state["prof"] = None
-        if "gc" in state:
-            print("gc passes", state["gc"]["n"], "seconds", state["gc"]["s"], flush=True)
         t = os.times()
-        return {"process_s": t.user + t.system, "loop_s": _thread_cpu_s(loop_tid["tid"]),
-                "threads": threading.active_count()}
+        return {"process_s": t.user + t.system, "loop_s": _thread_cpu_s(state["loop_tid"]),
+                "gc_passes": list(state["gc"].passes), "gc_cpu_s": sum(state["gc"].cpu_s)}
 
-    if os.environ.get("CHUNK_RATE_GC_STATS"):  # experiment: collector passes and their time, printed at exit
-        import gc
-
-        gc_time = {"n": [0, 0, 0], "s": [0.0, 0.0, 0.0], "t0": 0.0}
-
-        def on_gc(phase: str, info: dict) -> None:
-            if phase == "start":
-                gc_time["t0"] = time.perf_counter()
-            else:
-                gc_time["n"][info["generation"]] += 1
-                gc_time["s"][info["generation"]] += time.perf_counter() - gc_time["t0"]
-
-        gc.callbacks.append(on_gc)
-        state["gc"] = gc_time
-    if os.environ.get("CHUNK_RATE_INLINE_PREPARE"):  # experiment: prepare on the loop, no thread pool
-        from ladle.server.serving_common import ServingContext
-
-        async def inline(self, fn, *a):
-            return fn(*a)
-
-        ServingContext.off_loop = inline
     sock = bind_socket("127.0.0.1", args.port)
     EngineStoppingServer(uvicorn_config(app, server_config), engine).run(sockets=[sock])
 
@@ -306,7 +308,8 @@ async def _load(url: str, concurrency: int, rounds: int, prompt_len: int, output
         wall = time.perf_counter() - t0
         c1 = await cpu(profile or "")
     return {"results": results, "wall_s": wall, "server_cpu_s": c1["process_s"] - c0["process_s"],
-            "loop_cpu_s": c1["loop_s"] - c0["loop_s"]}
+            "loop_cpu_s": c1["loop_s"] - c0["loop_s"], "gc_cpu_s": c1["gc_cpu_s"] - c0["gc_cpu_s"],
+            "gc_passes": [b - a for a, b in zip(c0["gc_passes"], c1["gc_passes"])]}
 
 
 def client(args: argparse.Namespace) -> None:
@@ -335,7 +338,9 @@ def client(args: argparse.Namespace) -> None:
         "wall_s": run["wall_s"], "chunks_per_s": chunks / run["wall_s"], "tokens_per_chunk": tokens / max(chunks, 1),
         "median_itl_ms": 1e3 * statistics.median(gaps) if gaps else None,
         "server_cpu_s": run["server_cpu_s"], "server_us_per_chunk": 1e6 * run["server_cpu_s"] / max(chunks, 1),
-        "loop_us_per_chunk": 1e6 * run["loop_cpu_s"] / max(chunks, 1), "ok": not bad, "errors": bad[:5]}))
+        "loop_us_per_chunk": 1e6 * run["loop_cpu_s"] / max(chunks, 1),
+        "gc_us_per_chunk": 1e6 * run["gc_cpu_s"] / max(chunks, 1), "gc_passes": run["gc_passes"], "ok": not bad,
+        "errors": bad[:5]}))
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -399,14 +404,14 @@ def run_points(args: argparse.Namespace, step_ms: str, concurrency: list[int]) -
 
 
 HEADER = (f"{'step ms':>8}{'N':>5}{'chunks':>8}{'chunks/s':>10}{'tok/chunk':>10}{'ITL ms':>8}{'srv us/chunk':>13}"
-          f"{'loop us/chunk':>14}{'ok':>4}")
+          f"{'loop us/chunk':>14}{'gc us/chunk':>12}{'ok':>4}")
 
 
 def _fmt(r: dict) -> str:
     itl = f"{r['median_itl_ms']:>8.2f}" if r["median_itl_ms"] is not None else f"{'-':>8}"
     return (f"{r['step_ms']:>8.1f}{r['concurrency']:>5}{r['chunks']:>8}{r['chunks_per_s']:>10.0f}"
             f"{r['tokens_per_chunk']:>10.2f}{itl}{r['server_us_per_chunk']:>13.1f}{r['loop_us_per_chunk']:>14.1f}"
-            f"{'yes' if r['ok'] else 'NO':>4}")
+            f"{r['gc_us_per_chunk']:>12.1f}{'yes' if r['ok'] else 'NO':>4}")
 
 
 def main(argv=None) -> int:
