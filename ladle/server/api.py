@@ -50,8 +50,8 @@ logger = logging.getLogger("ladle.server")
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 # The collector's young-generation threshold while the app serves (CPython's default: 700 net allocations). Streaming
 # allocates a few container objects per token and per chunk that die young; at 700 the young passes cost about 13% of
-# the API server's CPU time at 128 streams (benchmarks/serve_chunk_rate.py, its gc column: ~280 young passes and 2-3 full
-# ones per 32k chunks, timed with gc.callbacks), at 20000 under 1%. Restored when the app stops.
+# the API server's CPU time at 128 streams (benchmarks/serve_chunk_rate.py, its gc column: ~280 young passes and 2-3
+# full ones per 32k chunks, timed with gc.callbacks), at 20000 under 1%. Restored when the app stops.
 SERVING_GC_GEN0_THRESHOLD = 20_000
 
 

@@ -155,7 +155,9 @@ def test_backlog_merged_once_equals_pairwise_merges():
     rng = random.Random(2026)
 
     def choice(index: int) -> CompletionOutput:
-        lps = None if rng.random() < 0.4 else [[(rng.randrange(256), -rng.random(), 1)] for _ in range(rng.randrange(3))]
+        lps = None
+        if rng.random() < 0.6:
+            lps = [[(rng.randrange(256), -rng.random(), 1)] for _ in range(rng.randrange(3))]
         fin = rng.choice([None, None, "stop", "length"])
         return CompletionOutput(index=index, text=str(rng.random()) if fin else "",
                                 token_ids=[rng.randrange(256) for _ in range(rng.randrange(1, 4))] if fin else [],
