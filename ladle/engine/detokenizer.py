@@ -111,6 +111,10 @@ class IncrementalDetokenizer:
         self._ids.extend(new_token_ids)
         self._num_output_tokens += len(new_token_ids)
         delta = self._decode_new(flush=finished)
+        if not self.stop:  # nothing is ever held back: everything decoded so far was released, and now the delta
+            self._text += delta
+            self._emitted = len(self._text)
+            return delta
         old_len = len(self._text)
         self._text += delta
         if self.stop and self._num_output_tokens < self.min_tokens:

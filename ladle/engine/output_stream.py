@@ -48,15 +48,60 @@ def merge_request_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
                          queue_time=a.queue_time if a.queue_time is not None else b.queue_time)
 
 
+def merge_many_request_outputs(outs: list[RequestOutput]) -> RequestOutput:
+    """`outs` (in order) as one output, in one pass: the same result as folding `merge_request_outputs` over them
+    (a choice that appears once keeps its object), with each choice's deltas concatenated once instead of once per
+    fold step (a backlog of k outputs cost O(k^2) list and string copies). None of `outs` is modified."""
+    if len(outs) == 1:
+        return outs[0]
+    groups: dict[int, list[CompletionOutput]] = {}  # choice index -> its outputs in order (first appearance order)
+    for out in outs:
+        for c in out.outputs:
+            group = groups.get(c.index)
+            if group is None:
+                groups[c.index] = [c]
+            else:
+                group.append(c)
+    prompt_logprobs = queue_time = None
+    for out in outs:
+        if prompt_logprobs is None:
+            prompt_logprobs = out.prompt_logprobs
+        if queue_time is None:
+            queue_time = out.queue_time
+    last = outs[-1]
+    return RequestOutput(request_id=last.request_id, prompt_token_ids=last.prompt_token_ids,
+                         outputs=[g[0] if len(g) == 1 else _merge_choice_group(g) for g in groups.values()],
+                         finished=last.finished, num_cached_tokens=last.num_cached_tokens,
+                         prompt_logprobs=prompt_logprobs, queue_time=queue_time)
+
+
+def _merge_choice_group(group: list[CompletionOutput]) -> CompletionOutput:
+    """Outputs of one choice, in order, as one (merge_choice_outputs folded over them)."""
+    token_ids_delta: list[int] = []
+    logprobs_delta = None  # None unless some output had logprobs; then all of theirs, in order
+    for c in group:
+        token_ids_delta += c.token_ids_delta
+        if c.logprobs_delta is not None:
+            if logprobs_delta is None:
+                logprobs_delta = []
+            logprobs_delta += c.logprobs_delta
+    first, last = group[0], group[-1]
+    return CompletionOutput(index=first.index, text=last.text, token_ids=last.token_ids,
+                            text_delta="".join(c.text_delta for c in group), token_ids_delta=token_ids_delta,
+                            logprobs=last.logprobs, logprobs_delta=logprobs_delta, finish_reason=last.finish_reason,
+                            stop_reason=last.stop_reason, error=last.error)
+
+
 class RequestOutputStream:
     """Single consumer, loop-thread only. `put` never blocks and never switches tasks; `get` returns everything put
-    since the last `get` as one RequestOutput, then the exception put after it (if any), as asyncio.Queue's items
-    were: returned, not raised, so the caller tells it from its own cancellation."""
+    since the last `get` as one RequestOutput (merged once, when read: `merge_many_request_outputs`), then the
+    exception put after it (if any), as asyncio.Queue's items were: returned, not raised, so the caller tells it from
+    its own cancellation."""
 
     __slots__ = ("_pending", "_error", "_waiter")
 
     def __init__(self) -> None:
-        self._pending: Optional[RequestOutput] = None
+        self._pending: list[RequestOutput] = []
         self._error: Optional[BaseException] = None
         self._waiter: Optional[asyncio.Future] = None
 
@@ -64,25 +109,23 @@ class RequestOutputStream:
         if isinstance(item, BaseException):
             if self._error is None:
                 self._error = item
-        elif self._pending is None:
-            self._pending = item
         else:
-            self._pending = merge_request_outputs(self._pending, item)
+            self._pending.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def empty(self) -> bool:
-        return self._pending is None and self._error is None
+        return not self._pending and self._error is None
 
     async def get(self) -> Union[RequestOutput, BaseException]:
-        while self._pending is None and self._error is None:
+        while not self._pending and self._error is None:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        if self._pending is not None:
-            out, self._pending = self._pending, None
-            return out
+        if self._pending:
+            pending, self._pending = self._pending, []
+            return merge_many_request_outputs(pending)
         return self._error  # type: ignore[return-value]

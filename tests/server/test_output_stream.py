@@ -141,3 +141,36 @@ def test_a_consumer_cancelled_while_waiting_aborts_its_request():
 
     sent = asyncio.run(scenario())
     assert isinstance(sent[-1], msg.AbortRequests) and sent[-1].child_ids == ["r"]
+
+
+def test_backlog_merged_once_equals_pairwise_merges():
+    """merge_many_request_outputs (what `get` returns for a backlog) is the fold of merge_request_outputs, on random
+    outputs: choices appearing and finishing at random, logprobs on some outputs only, prompt logprobs / queue time
+    arriving late."""
+    import functools
+    import random
+
+    from ladle.engine.output_stream import merge_many_request_outputs
+
+    rng = random.Random(2026)
+
+    def choice(index: int) -> CompletionOutput:
+        lps = None
+        if rng.random() < 0.6:
+            lps = [[(rng.randrange(256), -rng.random(), 1)] for _ in range(rng.randrange(3))]
+        fin = rng.choice([None, None, "stop", "length"])
+        return CompletionOutput(index=index, text=str(rng.random()) if fin else "",
+                                token_ids=[rng.randrange(256) for _ in range(rng.randrange(1, 4))] if fin else [],
+                                text_delta=rng.choice(["a", "bé", "", "😀"]),
+                                token_ids_delta=[rng.randrange(256) for _ in range(rng.randrange(3))],
+                                logprobs=lps if fin else None, logprobs_delta=lps, finish_reason=fin,
+                                stop_reason=rng.choice([None, "x", 5]), error=rng.choice([None, "e"]))
+
+    for _ in range(500):
+        outs = [RequestOutput(request_id="r", prompt_token_ids=[1, 2],
+                              outputs=[choice(i) for i in rng.sample(range(4), rng.randrange(0, 4))],
+                              finished=rng.random() < 0.2, num_cached_tokens=rng.randrange(5),
+                              prompt_logprobs=rng.choice([None, [None, [(1, -rng.random(), 1)]]]),
+                              queue_time=rng.choice([None, rng.random()]))
+                for _ in range(rng.randrange(1, 8))]
+        assert merge_many_request_outputs(outs) == functools.reduce(merge_request_outputs, outs)

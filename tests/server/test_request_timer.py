@@ -26,3 +26,25 @@ def test_n_choices_count_one_token_per_step():
     assert run.timer.num_tokens == 4
     assert len(metrics.itl.values) == 3  # one gap per step after the first, not one per choice-token
     assert len(metrics.tpot.values) == 1  # observed once, by absorb() on the finished output
+
+
+def test_repeated_observation_reads_like_one_observe_per_token():
+    """A k-token output observes its ITL gap k times; observe_repeated does it in one bucket search and /metrics
+    reads exactly as k separate observe() calls (sum, every bucket, count), on random gaps and counts."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from ladle.server.metrics import ITL_BUCKETS, observe_repeated
+
+    rng = random.Random(7)
+    registries = CollectorRegistry(), CollectorRegistry()
+    one, many = (Histogram("itl", "d", ["m"], buckets=ITL_BUCKETS, registry=r).labels(m="x") for r in registries)
+    for _ in range(2000):
+        gap, k = rng.choice([rng.random() * 0.02, rng.random(), rng.random() * 200]), rng.randrange(1, 9)
+        for _ in range(k):
+            one.observe(gap)
+        observe_repeated(many, gap, k)
+    text = [[ln for ln in generate_latest(r).decode().splitlines() if "_created" not in ln] for r in registries]
+    assert text[0] == text[1]
+    assert any(ln.startswith("itl_count") and not ln.endswith(" 0.0") for ln in text[0])
