@@ -146,8 +146,9 @@ class FakeCore:
         pass
 
 
-def run_fake_core(model_dir: str, step_s: float, input_addr: str, output_addr: str) -> None:
-    """Spawn target: run_engine_core's sockets and Ready, then the real CoreLoop around FakeCore."""
+def run_fake_core(fake: tuple[str, float], input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """Spawn target in run_engine_core's place (`fake` = (model_dir, step_s) where it takes the engine config): its
+    sockets and Ready, then the real CoreLoop around FakeCore."""
     import pickle
     import threading
 
@@ -158,6 +159,7 @@ def run_fake_core(model_dir: str, step_s: float, input_addr: str, output_addr: s
     from ladle.engine import core_messages as msg
     from ladle.engine.core_process import CoreLoop
 
+    model_dir, step_s = fake
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     zctx = zmq.Context()
     inbox, outbox = zctx.socket(zmq.PULL), zctx.socket(zmq.PUSH)
@@ -177,26 +179,10 @@ def run_fake_core(model_dir: str, step_s: float, input_addr: str, output_addr: s
 
 # ---------------------------------------------------------------------------------------------- server process
 def start_engine(model_dir: str, step_s: float):
-    """CoreProcessEngine.start's sockets and handshake with `run_fake_core` as the process target."""
-    import multiprocessing as mp
-    import tempfile
-
-    import zmq
-
+    """CoreProcessEngine.start (its sockets, spawn and handshake) with `run_fake_core` as the core process."""
     from ladle.engine.core_client import CoreProcessEngine
 
-    ipc_dir = tempfile.mkdtemp(prefix="ladle-chunk-rate-")
-    zctx = zmq.Context()
-    to_core, from_core = zctx.socket(zmq.PUSH), zctx.socket(zmq.PULL)
-    to_core.setsockopt(zmq.SNDHWM, 0)
-    to_core.setsockopt(zmq.LINGER, 0)
-    to_core.bind(f"ipc://{ipc_dir}/in")
-    from_core.bind(f"ipc://{ipc_dir}/out")
-    proc = mp.get_context("spawn").Process(target=run_fake_core, daemon=True,
-                                           args=(model_dir, step_s, f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out"))
-    proc.start()
-    ready = CoreProcessEngine._wait_ready(proc, from_core, 300)
-    return CoreProcessEngine(proc, zctx, to_core, from_core, ipc_dir, ready)
+    return CoreProcessEngine.start((model_dir, step_s), 300, core_target=run_fake_core)
 
 
 def _thread_cpu_s(tid: int) -> float:

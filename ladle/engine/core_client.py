@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import zmq
 import zmq.asyncio
@@ -68,7 +68,10 @@ class CoreProcessEngine(EngineClient):
         self._publish_stats(ready.stats)
 
     @classmethod
-    def start(cls, engine_config: Any, startup_timeout_s: float = 3600.0) -> "CoreProcessEngine":
+    def start(cls, engine_config: Any, startup_timeout_s: float = 3600.0,
+              core_target: Optional[Callable[..., Any]] = None) -> "CoreProcessEngine":
+        """Spawn the engine-core process and wait for its Ready. `core_target` replaces `run_engine_core` (same
+        arguments: engine_config, input address, output address, parent pid): benchmarks put a fake core there."""
         ipc_dir = tempfile.mkdtemp(prefix="ladle-core-")
         zctx = zmq.Context()
         to_core, from_core = zctx.socket(zmq.PUSH), zctx.socket(zmq.PULL)
@@ -76,10 +79,11 @@ class CoreProcessEngine(EngineClient):
         to_core.setsockopt(zmq.LINGER, 0)
         to_core.bind(f"ipc://{ipc_dir}/in")
         from_core.bind(f"ipc://{ipc_dir}/out")
-        from ladle.engine.core_process import run_engine_core
+        if core_target is None:
+            from ladle.engine.core_process import run_engine_core as core_target
 
         proc = mp.get_context("spawn").Process(
-            target=run_engine_core, name="ladle-engine-core", daemon=False,
+            target=core_target, name="ladle-engine-core", daemon=False,
             args=(engine_config, f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out", os.getpid()))
         try:
             proc.start()
