@@ -15,17 +15,14 @@ import httpx
 import pytest
 
 from fake_engine import FakeEngineClient
-from harness import REAL_MAX_BODY_BYTES, REAL_MAX_MODEL_LEN, Server, start_fake
+from harness import REAL_MAX_BODY_BYTES, REAL_MAX_MODEL_LEN, Server, serving_fake
 from ladle_serve_process import LadleServeProcess
 
 
 @pytest.fixture(scope="session")
 def fake_server():
-    engine = FakeEngineClient()
-    server, thread, url = start_fake(engine)
-    yield Server("fake", url, engine.model_name, engine.max_model_len, engine)
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving_fake(FakeEngineClient()) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,10 @@ wait come from tests/ladle_serve_process.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import httpx
 import uvicorn
@@ -62,5 +63,16 @@ def start_fake(engine: FakeEngineClient, api_key: Optional[str] = None, **server
     thread.start()
     _wait_ready(f"http://127.0.0.1:{port}", timeout=30)
     return server, thread, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def serving_fake(engine: FakeEngineClient) -> Iterator["Server"]:
+    """start_fake(engine) as a Server for the duration of the block; stopped after it."""
+    server, thread, url = start_fake(engine)
+    try:
+        yield Server("fake", url, engine.model_name, engine.max_model_len, engine)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 

@@ -15,7 +15,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from fake_engine import FakeEngineClient
-from harness import Server, start_fake
+from harness import serving_fake
 from ladle.engine.async_engine import AsyncEngine
 from ladle.config import CacheConfig, EngineConfig, ModelConfig
 from ladle.engine.config_resolve import config_in_effect, kv_cache_dtype_in_effect
@@ -118,11 +118,8 @@ class _CountingEngine(FakeEngineClient):
 
 @pytest.fixture(scope="module")
 def counting_server():
-    engine = _CountingEngine()
-    server, thread, url = start_fake(engine)
-    yield Server("fake", url, engine.model_name, engine.max_model_len, engine)
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving_fake(_CountingEngine()) as server:
+        yield server
 
 
 def _refused(c, path: str, body: dict, param: str) -> str:

@@ -9,19 +9,9 @@ import json
 import pytest
 
 from fake_engine import FakeEngineClient
+from golden_streams import HERMES_SCRIPT, M3_SCRIPT, MESSAGES, TOOLS  # the scripted tool calls, one home
 from harness import Server, start_fake
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                   "required": ["city"]}}}]
-MESSAGES = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
-NS = "]<]minimax[>["
-M3_SCRIPT = (f"<mm:think>The user wants Paris, 3 days.</mm:think>Let me check.{NS}<tool_call>\n"
-             f"{NS}<invoke name=\"get_weather\">\n{NS}<city>Paris{NS}</city>\n{NS}<days>3{NS}</days>\n"
-             f"{NS}</invoke>\n{NS}</tool_call>")
-HERMES_SCRIPT = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
-                 '</tool_call>')
 
 
 def _serve(**server_config):
