@@ -95,11 +95,11 @@ def _cuda_only_refusals(argv: list[str], engine_config: EngineConfig) -> list[st
     flags = [f for f in CUDA_ONLY_FLAGS if f in given]
     if not flags:
         return []
-    device = engine_config.model.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolve_device = _lazy("ladle.engine.config_resolve", "resolve_device", "the engine")
+    try:
+        device = resolve_device(engine_config.model.device)
+    except ValueError:  # a --device refusal of its own (preflight lists it)
+        return []
     if device != "cpu":
         return []
     return [f"{flag}: applies on CUDA only, and this run is on CPU; {CUDA_ONLY_FLAGS[flag]}" for flag in flags]
