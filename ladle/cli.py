@@ -46,7 +46,10 @@ def _lazy(module: str, attr: str, what: str) -> Callable:
 
 
 def serve_parser(prog: str = "ladle serve") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Serve a model over an OpenAI-compatible HTTP API.")
+    # allow_abbrev=False: a shortened flag would parse silently past the checks that match exact names (the
+    # unsupported vLLM flags, the CUDA-only ones); vLLM's flags are spelled out in recipes anyway
+    parser = argparse.ArgumentParser(prog=prog, description="Serve a model over an OpenAI-compatible HTTP API.",
+                                     allow_abbrev=False)
     add_config_args(parser)
     parser.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL (vLLM's form)")
     return parser
@@ -164,7 +167,8 @@ def cmd_serve(argv: list[str]) -> int:
 
 
 def cmd_generate(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="ladle generate", description="One-shot answer through the offline LLM API.")
+    parser = argparse.ArgumentParser(prog="ladle generate", description="One-shot answer through the offline LLM API.",
+                                     allow_abbrev=False)
     parser.add_argument("prompt", help="the user message (or raw text with --raw)")
     parser.add_argument("--max-tokens", type=int, default=128, help="maximum new tokens (default: 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0 = greedy)")

@@ -293,3 +293,10 @@ def test_an_unknown_flag_does_not_hide_the_other_refusals(m3_tiny):
     # a stray value makes the parse untrustworthy: argparse's own error alone, as before
     r = _ladle("serve", m3_tiny, "stray-value", "--port", "1")
     assert r.returncode == 2 and "unrecognized arguments: stray-value" in r.stderr and "usage:" in r.stderr
+
+
+def test_shortened_flags_are_not_accepted():
+    """No argparse abbreviations: `--gpu-memory-util` would otherwise parse as --gpu-memory-utilization past the
+    checks that match exact flag names (the CUDA-only refusal, the unsupported vLLM flags)."""
+    refusals, args = collect_refusals(serve_parser(), ["--gpu-memory-util", "0.5"])
+    assert any("unrecognized arguments: --gpu-memory-util" in r for r in refusals), refusals

@@ -110,9 +110,9 @@ class EngineCore:
         # i.e. device time not hidden behind host work; 0 in synchronous mode), "update" (Scheduler.update: the
         # EngineOutputs), "device_idle" (asynchronous mode on CUDA: seconds the device had no step queued between two
         # consecutive steps while requests were unfinished, from the steps' CUDA events: the host time NOT hidden
-        # behind device work; `_note_device_idle`)
-        self.step_host_s: dict[str, float] = {"schedule": 0.0, "execute": 0.0, "wait": 0.0, "update": 0.0,
-                                              "device_idle": 0.0}
+        # behind device work; `_note_device_idle`; absent until a step measured it, so /metrics shows no 0 for a
+        # mode that does not measure it)
+        self.step_host_s: dict[str, float] = {"schedule": 0.0, "execute": 0.0, "wait": 0.0, "update": 0.0}
         self._last_done_event: Any = None  # the CUDA event after the last completed step's device work
         self.num_steps = 0
 
@@ -265,7 +265,8 @@ class EngineCore:
         if begin is None:
             return
         if self._last_done_event is not None:
-            self.step_host_s["device_idle"] += max(0.0, self._last_done_event.elapsed_time(begin)) / 1e3
+            gap_s = max(0.0, self._last_done_event.elapsed_time(begin)) / 1e3
+            self.step_host_s["device_idle"] = self.step_host_s.get("device_idle", 0.0) + gap_s
         self._last_done_event = done if self.scheduler.has_unfinished_requests() else None
 
     def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> list[EngineOutput]:

@@ -52,9 +52,6 @@ class GemmTileConfig:
 
 MAX_TOKENS = 1 << 62  # upper bound of the last (prefill) bucket of a tile table
 
-_GEMM_DEFAULT = ((16, GemmTileConfig(16, 64, 4, 4)), (64, GemmTileConfig(32, 64, 4, 4)),
-                 (256, GemmTileConfig(64, 128, 4, 3)), (MAX_TOKENS, GemmTileConfig(128, 128, 8, 3)))
-
 # Tile table per weight format: ((max tokens of the bucket, config), ...) in increasing bounds; the first bucket with
 # num_tokens <= bound wins. "fp8": 128-group fp32 scales (K step 128); "mxfp8": E8M0 32-group scales (K step 32).
 # benchmarks/gpu_fp8_tiles.py measures these on the H200 and prints replacement entries.

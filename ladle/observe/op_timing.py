@@ -33,6 +33,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ladle.observe import dispatch
+from ladle.observe.shapes import m_bucket
 
 SOURCE_CUDA = "cuda_events"
 SOURCE_HOST = "host_clock"
@@ -40,11 +41,6 @@ GRAPH_OP = "cuda_graph_replay"
 _POOL_MAX = 4096  # CUDA events kept for reuse
 
 Label = tuple  # (op, bucket, m_bucket or None, n or None, k or None)
-
-
-def _m_bucket(m: int) -> int:
-    """Next power of two >= m (as ladle.observe.shapes.m_bucket)."""
-    return 1 << (max(int(m), 1) - 1).bit_length()
 
 
 class OpTimer:
@@ -151,7 +147,7 @@ class OpTimer:
     def gemm_label(self, layer: Any, x: Any) -> Label:
         """(layer name, "M<=m", m bucket, N, K) of a GEMM of `x` [..., K] with `layer.weight` [N, K]."""
         n, k = layer.weight.shape[0], layer.weight.shape[-1]
-        mb = _m_bucket(x.numel() // max(int(x.shape[-1]), 1))
+        mb = m_bucket(x.numel() // max(int(x.shape[-1]), 1))
         return (self.names.get(id(layer), type(layer).__name__), f"M<={mb}", mb, int(n), int(k))
 
     def _label(self, op: str, bucket: str) -> None:

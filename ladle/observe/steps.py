@@ -13,7 +13,7 @@ GPU time: with `--observe-timing`, every `--observe-timing-interval`-th step bra
 events (the step ends in a device->host copy anyway, so reading the pair adds no sync of its own) and times each
 op launch of that step (ladle/observe/op_timing.py: CUDA events per launch, eager steps only; a graph replay is
 one row, "cuda_graph_replay"). On CPU there is no GPU time (null); host time is the step's wall time, and the
-per-op timer uses the host clock (the config resolver turns --observe-timing off on CPU; tests set it directly).
+per-op timer uses the host clock (--observe-timing is honoured on CPU; it is refused with more than one rank).
 Device rates (copy bandwidth, GEMM rate) come from `--observe-copy-bandwidth` / `--observe-gemm-rate` when given,
 else are measured once on CUDA at the first recorded step (ladle/observe/rates.py), else are absent (null) and no
 roofline is computed.

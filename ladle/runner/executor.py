@@ -104,9 +104,7 @@ class MultiprocExecutor:
         """Broadcast one step to every rank; return rank 0's RunnerOutput (module doc for the errors)."""
         self._broadcast(pickle.dumps(scheduler_output, protocol=pickle.HIGHEST_PROTOCOL))
         replies = self._collect_replies()
-        errors = [payload for kind, payload in replies if kind == "error"]
-        if errors:
-            raise RuntimeError("; ".join(errors))
+        self._raise_errors(replies)
         return replies[0][1]
 
     def _broadcast(self, data: bytes) -> None:

@@ -443,3 +443,12 @@ def test_device_idle_sums_the_gaps_between_steps_while_requests_are_unfinished(m
     offset[0] = 5000.0  # the engine sat idle for 5 s of device time: not counted
     llm.generate([[8, 9]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert core.step_host_s["device_idle"] == pytest.approx(3e-3 * (len(launches) - 2))
+
+
+def test_device_idle_is_absent_where_nothing_measures_it(model):
+    """Synchronous steps (and CPU steps, which have no CUDA events) do not measure the device's idle gaps: the phase
+    is absent from step_host_s (and so from /metrics), not a 0 that reads as "no idle time"."""
+    for async_scheduling in (False, True):  # on CPU the async handles carry no events either
+        bundle = make_bundle(model, async_scheduling=async_scheduling)
+        LLM(bundle=bundle).generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        assert "device_idle" not in bundle.core.step_host_s and bundle.core.step_host_s["execute"] > 0
