@@ -336,7 +336,8 @@ def config_in_effect(resolved: EngineConfig, source: Any, served_model_name: str
       or None);
     - kv_cache_dtype: auto becomes the model dtype's name (kv_cache_dtype_in_effect);
     - kv_cache_memory_bytes: unset (on CUDA: from --gpu-memory-utilization) becomes `kv_cache_bytes`, the KV budget
-      the runner profiled, where known (one rank; None leaves it unset).
+      the runner profiled, where known (one rank; None leaves it unset);
+    - gpu_memory_utilization: None where it sizes nothing (on CPU, or with --kv-cache-memory-bytes given).
     `source`: the ladle.models.loader.ModelSource the model was loaded from."""
     mc = resolved.model
     load_format = mc.load_format
@@ -346,7 +347,10 @@ def config_in_effect(resolved: EngineConfig, source: Any, served_model_name: str
                                 tokenizer=source.tokenizer_path, load_format=load_format,
                                 quantization=quantization_in_effect(mc, source.hf_config))
     cc = resolved.cache
+    # --gpu-memory-utilization sizes the KV cache only on CUDA without --kv-cache-memory-bytes: elsewhere null
+    sized_by_fraction = mc.device != "cpu" and cc.kv_cache_memory_bytes is None
     cache = dataclasses.replace(cc, kv_cache_dtype=kv_cache_dtype_in_effect(cc.kv_cache_dtype, mc.dtype),
                                 kv_cache_memory_bytes=cc.kv_cache_memory_bytes if cc.kv_cache_memory_bytes is not None
-                                else kv_cache_bytes)
+                                else kv_cache_bytes,
+                                gpu_memory_utilization=cc.gpu_memory_utilization if sized_by_fraction else None)
     return dataclasses.replace(resolved, model=model, cache=cache)

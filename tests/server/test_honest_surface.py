@@ -59,6 +59,17 @@ def test_config_in_effect_fills_the_kv_budget_only_where_unset():
         "safetensors", "m", "bfloat16")
 
 
+def test_gpu_memory_utilization_is_null_where_it_sizes_nothing():
+    source = SimpleNamespace(kind="hf_dir", path="/m", tokenizer_path="/m", hf_config={})
+    cuda = EngineConfig(model=ModelConfig(dtype="bfloat16", device="cuda"), cache=CacheConfig(gpu_memory_utilization=0.7))
+    assert config_in_effect(cuda, source, "m").cache.gpu_memory_utilization == 0.7
+    given = EngineConfig(model=ModelConfig(dtype="bfloat16", device="cuda"),
+                         cache=CacheConfig(gpu_memory_utilization=0.7, kv_cache_memory_bytes=5 << 20))
+    cpu = EngineConfig(model=ModelConfig(dtype="float32", device="cpu"))
+    assert config_in_effect(given, source, "m").cache.gpu_memory_utilization is None
+    assert config_in_effect(cpu, source, "m").cache.gpu_memory_utilization is None
+
+
 @pytest.fixture(scope="module")
 def m3_checkpoint(tmp_path_factory):
     return make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny", config_only=True)
@@ -92,7 +103,8 @@ def test_version_reports_the_values_in_effect(m3_checkpoint):
     auto = [p for p, v in _leaves(served) if v == "auto"]
     assert auto == []
     nulls = {p for p, v in _leaves(served) if v is None}
-    assert nulls <= {"model.hf_overrides", "model.quantization"}, nulls  # nothing given, nothing in effect
+    # nothing given, nothing in effect (CPU: no GPU memory fraction sizes the cache)
+    assert nulls <= {"model.hf_overrides", "model.quantization", "cache.gpu_memory_utilization"}, nulls
 
 
 def test_version_reports_fp8_kv_the_given_name_and_the_format_read(tmp_path):
