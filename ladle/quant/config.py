@@ -105,6 +105,7 @@ def quant_config_of(model_config: ModelConfig, hf_config: dict) -> "Fp8Config | 
 def quantization_in_effect(model_config: ModelConfig, hf_config: dict) -> Optional[str]:
     """The weight format the model is built with, as /version reports it: "fp8" (HF block FP8, MXFP8 or
     --quantization fp8: FP8 E4M3 weights and w8a8 GEMMs), "mxfp4" (MXFP4 experts, float linears), "mxfp4+fp8"
-    (MXFP4 experts, FP8 linears), None (float weights). Raises ValueError as `check_quantization` does."""
+    (MXFP4 experts, FP8 linears), with "-w4a8" after "mxfp4" when the experts take FP8 activations (ladle's
+    quantization_config.activation_dtype "fp8"), None (float weights). Raises ValueError as `check_quantization` does."""
     config = quant_config_of(model_config, hf_config)
     return None if config is None else config.format_name

@@ -39,7 +39,8 @@ class Mxfp4Config:
     @property
     def format_name(self) -> str:
         """The weight format in effect, as /version names it (ladle/quant/config.py `quantization_in_effect`)."""
-        return "mxfp4+fp8" if self.linear_fp8 else "mxfp4"
+        experts = "mxfp4-w4a8" if self.activation_dtype == "fp8" else "mxfp4"  # FP8 activations into the experts
+        return f"{experts}+fp8" if self.linear_fp8 else experts
 
     def linear_method(self, layer_kind: str) -> Optional[Fp8LinearMethod]:
         return Fp8LinearMethod(Fp8Config()) if self.linear_fp8 else None

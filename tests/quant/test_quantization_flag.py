@@ -82,6 +82,9 @@ def test_format_in_effect():
     effect = [quantization_in_effect(ModelConfig(quantization=flag), hf) for flag, hf in
               ((None, {}), ("fp8", {}), (None, HF_FP8), ("fp8", MXFP8), (None, MXFP4), ("fp8", MXFP4))]
     assert effect == [None, "fp8", "fp8", "fp8", "mxfp4", "mxfp4+fp8"]
+    w4a8 = {"quantization_config": dict(MXFP4["quantization_config"], activation_dtype="fp8")}
+    assert [quantization_in_effect(ModelConfig(quantization=flag), w4a8) for flag in (None, "fp8")] == [
+        "mxfp4-w4a8", "mxfp4-w4a8+fp8"]
 
 
 def test_version_names_the_format_after_loading_an_fp8_checkpoint(tmp_path):
