@@ -36,6 +36,18 @@ def test_act_quant_triton_matches_reference_bytes():
     assert _rel(dequant_block_fp8(q, s, torch.float64), x) < 0.04
 
 
+def test_act_quant_triton_multi_group_programs_match_reference_bytes():
+    """K = 2,100: 17 groups, so programs of 8 groups with a ragged last chunk (one group, itself ragged) and a
+    masked tail of 7 groups; rows with a zero group (the eps floor)."""
+    x = torch.randn(5, 2100) * torch.logspace(-2, 3, 2100)
+    x[2, 128:256] = 0.0
+    q, s = act_quant_ref(x)
+    q2, s2 = act_quant_triton(x)
+    assert s.shape == (5, 17)
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+    assert _rel(dequant_block_fp8(q, s, torch.float64), x) < 0.04
+
+
 def test_block_quantize_ragged_grid_and_row_expansion():
     w = torch.randn(130, 200)
     q, s = quantize_block_fp8(w)
