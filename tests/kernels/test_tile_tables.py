@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from ladle.kernels import fp8_gemm, fused_moe
+from ladle.kernels._common import MAX_TOKENS, tile_row
 from ladle.kernels.fp8_gemm import GEMM_TILES, GemmTileConfig, fp8_gemm_triton, select_gemm_config
 from ladle.kernels.fp8_quant import act_quant_ref, quantize_fp8_rows, quantize_mxfp4, quantize_mxfp8
-from ladle.kernels.fused_moe import MAX_TOKENS, MOE_TILES, MoETileConfig, fused_moe_triton, select_config
+from ladle.kernels.fused_moe import MOE_TILES, MoETileConfig, fused_moe_triton, select_config
 from ladle.kernels.fused_moe_fp8 import fused_moe_fp8_triton
 from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_triton
 
@@ -41,8 +42,30 @@ def test_an_edited_row_is_selected_for_its_family_only(monkeypatch):
     assert select_config(8, "mxfp8") == MOE_TILES["mxfp8"][0][1] != small
     assert select_config(8, "bf16") == MOE_TILES["bf16"][0][1] != small
     g = GemmTileConfig(32, 32, 8, 2)
-    monkeypatch.setitem(GEMM_TILES, "mxfp8", ((fp8_gemm.MAX_TOKENS, g),))
+    monkeypatch.setitem(GEMM_TILES, "mxfp8", ((MAX_TOKENS, g),))
     assert select_gemm_config(3, "mxfp8") == g and select_gemm_config(3, "fp8") != g
+
+
+# M from 0 (no launch, but a row) through every bucket edge to the last bound; the tables' bounds today.
+M_RANGE = (*range(0, 1025), 1500, 4096, 8192, 65536, 2 ** 31, 2 ** 40, MAX_TOKENS - 1, MAX_TOKENS)
+BOUNDS = (16, 64, 256, MAX_TOKENS)
+
+
+def _bucket(m: int) -> int:
+    """The bucket rule as the tables state it, written out: M <= 16 decode, <= 64, <= 256, then prefill."""
+    return 0 if m <= 16 else 1 if m <= 64 else 2 if m <= 256 else 3
+
+
+@pytest.mark.parametrize("select, tables", [(select_config, MOE_TILES), (select_gemm_config, GEMM_TILES)],
+                         ids=["moe", "gemm"])
+def test_every_m_gets_its_bucket_row(select, tables):
+    """Every family's table has the 16 / 64 / 256 / MAX_TOKENS buckets, and for every M the shared lookup
+    (`tile_row`, through each kernel's select function) returns that bucket's row: the tile of the bucket rule."""
+    for family, rows in tables.items():
+        assert tuple(bound for bound, _ in rows) == BOUNDS, family
+        for m in M_RANGE:
+            want = rows[_bucket(m)]
+            assert tile_row(rows, m) == want and select(m, family) is want[1], (family, m)
 
 
 def _spy(monkeypatch, module, name):
