@@ -211,6 +211,14 @@ def moe_launch_plan(topk_ids: torch.Tensor, num_experts: int, H: int, I: int,
     return cfg, tiles, moe_align_triton(topk_ids, num_experts, cfg.block_m)
 
 
+def check_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_tokens: int) -> int:
+    """Assert the routing inputs of the fused MoE launchers: topk_ids [T, k] int32 (rows of the expert tables) and
+    topk_weights [T, k] float32, T = num_tokens. Returns k."""
+    assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == num_tokens
+    assert topk_ids.dtype == torch.int32 and topk_weights.dtype == torch.float32
+    return topk_ids.shape[1]
+
+
 def fused_moe_ineligible(x: torch.Tensor, w13: torch.Tensor) -> Optional[str]:
     """Eligibility rule of the Triton path: None when it may run, else the reason."""
     reason = triton_ok(x, w13)
@@ -239,9 +247,7 @@ def fused_moe_triton(
     assert w2.shape == (E, H, I), f"w2 must be [E, H, I] = {(E, H, I)}, got {tuple(w2.shape)}"
     assert x.dtype == w13.dtype == w2.dtype
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
-    assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == T
-    assert topk_ids.dtype == torch.int32 and topk_weights.dtype == torch.float32
-    k = topk_ids.shape[1]
+    k = check_routing(topk_ids, topk_weights, T)
     if T == 0:
         return torch.empty_like(x)
     cfg, (bn1, bn2, bk1, bk2), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config)

@@ -1,7 +1,7 @@
 """Tile tables of the fused MoE (MOE_TILES, ladle/kernels/fused_moe.py) and the FP8 GEMM (GEMM_TILES,
 ladle/kernels/fp8_gemm.py): today's defaults per bucket, each launcher asks for its own kernel family's row, and an
-edited row (what benchmarks/gpu_fp8_tiles.py prints) is what the selection returns. Launches run under the Triton
-interpreter on tiny random inputs."""
+edited row (what benchmarks/gpu_fp8_tiles.py prints) is what the selection returns; the launchers' shared routing
+check. Launches run under the Triton interpreter on tiny random inputs."""
 
 from __future__ import annotations
 
@@ -108,6 +108,22 @@ def test_each_launcher_asks_for_its_family(monkeypatch):
         w_q, w_s = quantize(torch.randn(48, 64))
         fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32)
     assert asked_gemm == ["fp8", "mxfp8"]
+
+
+def test_each_launcher_checks_the_routing_it_is_given():
+    """The fused MoE launchers share one routing check (fused_moe.check_routing): topk_weights must have
+    topk_ids' [T, k] shape (the MXFP4 launcher did not check it)."""
+    T, H, E = 3, 64, 3
+    x, ids = torch.randn(T, H), torch.randint(0, E, (T, 2), dtype=torch.int32)
+    launches = [lambda w: fused_moe_triton(x, torch.randn(E, 64, H), torch.randn(E, H, 32), ids, w),
+                lambda w: fused_moe_fp8_triton(x, *_experts(quantize_fp8_rows), ids, w),
+                lambda w: fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, w),
+                lambda w: fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, w, fp8_activations=True)]
+    for launch in launches:
+        with pytest.raises(AssertionError):
+            launch(torch.rand(T, 3))
+        with pytest.raises(AssertionError):
+            launch(torch.rand(T, 2, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("family", sorted(MOE_TILES))
