@@ -29,6 +29,7 @@ import time
 import torch
 
 from ladle.kernels import fp8_gemm, fused_moe
+from ladle.kernels._common import MAX_TOKENS, tile_row
 
 from ladle.kernels.fp8_gemm import GemmTileConfig as G
 from ladle.kernels.fused_moe import MoETileConfig as T
@@ -58,11 +59,6 @@ MOE_GRID = {  # bucket bound -> candidates (block_m, block_n1, block_n2, block_k
            T(64, 128, 128, 64, 4, 3), T(128, 64, 256, 64, 8, 3), T(128, 64, 128, 64, 8, 4), T(64, 64, 64, 64, 4, 4),
            T(64, 128, 256, 64, 8, 3), T(128, 128, 256, 64, 8, 4)],
 }
-
-
-def bucket_bound(table, m: int) -> int:
-    """Upper bound of the tile-table bucket that holds M tokens."""
-    return next(bound for bound, _ in table if m <= bound)
 
 
 def _grid(grid: dict, m: int) -> list:
@@ -100,7 +96,7 @@ def best_per_bucket(rows: list, table_name: str, tables: dict) -> dict:
             cells = {}
             for r in rows:
                 if (r["table"] == table_name and r["family"] == family and r["status"] == "ok"
-                        and bucket_bound(table, r["m"]) == bound and r["graph_us"] == r["graph_us"]):
+                        and tile_row(table, r["m"])[0] == bound and r["graph_us"] == r["graph_us"]):
                     cells.setdefault((r["m"], r["shape"]), {})[r["config_key"]] = (r["graph_us"], r["config_obj"])
             common = set.intersection(*(set(c) for c in cells.values())) if cells else set()
             scores = {key: sum(c[key][0] for c in cells.values()) for key in common}
@@ -110,11 +106,11 @@ def best_per_bucket(rows: list, table_name: str, tables: dict) -> dict:
     return out
 
 
-def tiles_literal(name: str, cls: str, tables: dict, max_tokens: int) -> str:
+def tiles_literal(name: str, cls: str, tables: dict) -> str:
     """Python source of a tile table (`NAME: dict[...] = {...}`) to paste over the one in the kernel module."""
     lines = [f"{name}: dict[str, tuple[tuple[int, {cls}], ...]] = {{"]
     for family, entries in tables.items():
-        parts = [f"({'MAX_TOKENS' if bound == max_tokens else bound}, {cfg!r})" for bound, cfg in entries]
+        parts = [f"({'MAX_TOKENS' if bound == MAX_TOKENS else bound}, {cfg!r})" for bound, cfg in entries]
         lines.append(f'    "{family}": (' + (",\n" + " " * (len(family) + 9)).join(parts) + "),")
     return "\n".join(lines + ["}"])
 
@@ -207,8 +203,8 @@ class Recorder:
 def literals(rows) -> str:
     gemm = best_per_bucket(rows, "gemm", fp8_gemm.GEMM_TILES)
     moe = best_per_bucket(rows, "moe", fused_moe.MOE_TILES)
-    return (tiles_literal("GEMM_TILES", "GemmTileConfig", gemm, fp8_gemm.MAX_TOKENS) + "\n\n"
-            + tiles_literal("MOE_TILES", "MoETileConfig", moe, fused_moe.MAX_TOKENS))
+    return (tiles_literal("GEMM_TILES", "GemmTileConfig", gemm) + "\n\n"
+            + tiles_literal("MOE_TILES", "MoETileConfig", moe))
 
 
 def cuda_poisoned() -> bool:

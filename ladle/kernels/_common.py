@@ -1,5 +1,6 @@
 """Helpers shared by the kernel launchers: the one guarded `import triton`, where Triton may run, dispatch
-recording, cache-shape checks, and small launch facts (SM count, tl.dot precision, log2(e)).
+recording, cache-shape checks, small launch facts (SM count, tl.dot precision, log2(e)) and the bucket rule of the
+tile tables (`MAX_TOKENS`, `tile_row`).
 
 Kernel modules take `triton` and `tl` from here. On an install without Triton (the package marks it Linux-only)
 they are `_NoTriton` stand-ins: `@triton.jit` returns the function unchanged, so every op module still imports and
@@ -9,7 +10,7 @@ its torch reference runs; no kernel launches, because `triton_ok` then reports "
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence, TypeVar
 
 import torch
 
@@ -109,6 +110,19 @@ def pow2_dot_reason(x: torch.Tensor, cache: torch.Tensor, dim_name: str) -> Opti
     if x.device.type == "cuda" and (bs < 16 or d < 16):
         return f"block_size and {dim_name} must be >= 16 for tl.dot"
     return None
+
+
+# Tile tables (fp8_gemm.GEMM_TILES, fused_moe.MOE_TILES; the values are each kernel's own): per kernel family a tuple
+# ((max tokens of the bucket, config), ...) in increasing bounds, the last bound MAX_TOKENS; the tile of a launch
+# with M local tokens is the config of the first bucket with M <= bound.
+MAX_TOKENS = 1 << 62  # upper bound of the last (prefill) bucket of a tile table
+Tile = TypeVar("Tile")
+
+
+def tile_row(table: Sequence[tuple[int, Tile]], num_tokens: int) -> tuple[int, Tile]:
+    """The (bound, config) row of a tile table (above) that holds `num_tokens` (the launch's local M): the first
+    row with num_tokens <= bound. A table that ends at MAX_TOKENS has a row for every M."""
+    return next(row for row in table if num_tokens <= row[0])
 
 
 def decide_triton(op: str, num_tokens: int, use_triton: bool, reason: Optional[str],

@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
+from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_row, tl, triton, triton_ok
 from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP, MX_GROUP, act_quant, dequant_block_fp8
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
@@ -50,10 +50,8 @@ class GemmTileConfig:
     num_stages: int
 
 
-MAX_TOKENS = 1 << 62  # upper bound of the last (prefill) bucket of a tile table
-
-# Tile table per weight format: ((max tokens of the bucket, config), ...) in increasing bounds; the first bucket with
-# num_tokens <= bound wins. "fp8": 128-group fp32 scales (K step 128); "mxfp8": E8M0 32-group scales (K step 32).
+# Tile table per weight format, in the bucket layout of ladle/kernels/_common.py (`tile_row`: the first bucket with
+# num_tokens <= bound wins). "fp8": 128-group fp32 scales (K step 128); "mxfp8": E8M0 32-group scales (K step 32).
 # benchmarks/gpu_fp8_tiles.py measures these on the H200 and prints replacement entries.
 # Measured on the H200, 2026-12-01: benchmarks/gpu_fp8_tiles.py (results: benchmarks/results/round3/fp8_tiles.*),
 # the best of 10 configs per (format, M) by summed time over the TP4-rank shapes, each checked against the reference.
@@ -73,7 +71,7 @@ def select_gemm_config(num_tokens: int, kernel: str = "fp8") -> GemmTileConfig:
     """Decode sizes (M <= 64) stream the weight with the smallest MMA M tile and narrow N tiles for more CTAs;
     larger M reuses each weight tile over 64-128 rows. `kernel` ("fp8" | "mxfp8") names the GEMM_TILES row.
     Rows measured on the H200 (benchmarks/gpu_fp8_tiles.py)."""
-    return next(cfg for bound, cfg in GEMM_TILES[kernel] if num_tokens <= bound)
+    return tile_row(GEMM_TILES[kernel], num_tokens)[1]
 
 
 @triton.jit

@@ -80,17 +80,23 @@ def quantize_block_fp8(w: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP))
     return q.view(sn * bn, sk * bk)[:n, :k].contiguous(), scale
 
 
+def _mx_exponents(w: torch.Tensor, element_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [N, K] (K % 32 == 0) -> (float32 blocks [N, K/32, 32], float32 exponents e [N, K/32]): per 32-block
+    the smallest e in [-127, 127] with amax / 2^e <= element_max (the element format's max); stored as e + 127."""
+    n, k = w.shape
+    assert k % MX_GROUP == 0, f"K={k} must be a multiple of 32"
+    blocks = w.float().view(n, k // MX_GROUP, MX_GROUP)
+    amax = blocks.abs().amax(-1).clamp(min=2.0 ** -100)
+    return blocks, torch.ceil(torch.log2(amax / element_max)).clamp(-127, 127)
+
+
 def quantize_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float [N, K] (K % 32 == 0) -> (float8_e4m3fn [N, K], uint8 E8M0 scale [N, K/32]).
 
     Exponent per 32-block: the smallest e with amax / 2^e <= 448 (e4m3 max), stored as e + 127.
     """
-    n, k = w.shape
-    assert k % MX_GROUP == 0, f"K={k} must be a multiple of 32"
-    blocks = w.float().view(n, k // MX_GROUP, MX_GROUP)
-    amax = blocks.abs().amax(-1).clamp(min=2.0 ** -100)
-    e = torch.ceil(torch.log2(amax / FP8_MAX)).clamp(-127, 127)
-    q = (blocks / torch.exp2(e)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(n, k)
+    blocks, e = _mx_exponents(w, FP8_MAX)
+    q = (blocks / torch.exp2(e)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(w.shape)
     return q, (e + 127).to(torch.uint8)
 
 # E2M1 code (bits 0-2) -> magnitude; bit 3 is the sign (OCP MX spec; design/minimax_m3.md §2.3)
@@ -102,12 +108,8 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float [N, K] (K % 32 == 0) -> (packed uint8 [N, K/2], uint8 E8M0 scale [N, K/32]), MXFP4 (minimax_m3.md
     §2.3): two E2M1 codes per byte, low nibble = even element k, high nibble = k + 1. Per 32-group exponent e = the
     smallest with amax / 2^e <= 6; each value rounds to the nearest E2M1 magnitude (ties to the lower code)."""
-    n, k = w.shape
-    assert k % MX_GROUP == 0, f"K={k} must be a multiple of 32"
-    blocks = w.float().view(n, k // MX_GROUP, MX_GROUP)
-    amax = blocks.abs().amax(-1).clamp(min=2.0 ** -100)
-    e = torch.ceil(torch.log2(amax / E2M1_MAX)).clamp(-127, 127)
-    scaled = (blocks / torch.exp2(e)[..., None]).view(n, k)
+    blocks, e = _mx_exponents(w, E2M1_MAX)
+    scaled = (blocks / torch.exp2(e)[..., None]).view(w.shape)
     grid = torch.tensor(E2M1_VALUES, device=w.device)
     code = (scaled.abs()[..., None] - grid).abs().argmin(-1).to(torch.uint8)  # [N, K] in 0..7
     code |= (scaled < 0).to(torch.uint8) << 3
@@ -135,15 +137,9 @@ def quantize_fp8_rows(w: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP)) 
 
 
 def act_quant_ref(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float -> (a_q [M, K] float8_e4m3fn, a_scale [M, ceil(K/group)] float32) (module doc)."""
-    m, k = x.shape
-    g = math.ceil(k / group)
-    padded = torch.zeros(m, g * group, dtype=torch.float32, device=x.device)
-    padded[:, :k] = x.float()
-    blocks = padded.view(m, g, group)
-    scale = blocks.abs().amax(-1).clamp(min=SCALE_EPS) / FP8_MAX
-    q = (blocks / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q.view(m, g * group)[:, :k].contiguous(), scale
+    """x [M, K] float -> (a_q [M, K] float8_e4m3fn, a_scale [M, ceil(K/group)] float32) (module doc): the block
+    quantizer with 1 x group blocks."""
+    return quantize_block_fp8(x, (1, group))
 
 
 # Groups per program of `_act_quant_kernel` (power of 2): 8 x 128 elements, so a program moves 2 KiB of bf16 in

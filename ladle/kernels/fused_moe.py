@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import decide_triton, interpreting, triton_ok, tl, triton
+from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_row, triton_ok, tl, triton
 from ladle.kernels.moe_align import moe_align_triton
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
@@ -51,14 +51,12 @@ class MoETileConfig:
     num_stages: int
 
 
-MAX_TOKENS = 1 << 62  # upper bound of the last (prefill) bucket of a tile table
-
 _MOE_DECODE = MoETileConfig(16, 32, 64, 128, 4, 4)
 _MOE_PREFILL = MoETileConfig(128, 128, 256, 64, 8, 3)  # best of the H200 sweep at M=8192 (gpu_m3_suite, bf16)
 _MOE_DEFAULT = ((16, _MOE_DECODE), (64, _MOE_DECODE), (256, _MOE_DECODE), (MAX_TOKENS, _MOE_PREFILL))
 
-# Tile table per kernel family: ((max tokens of the bucket, config), ...) in increasing bounds; the first bucket
-# with num_tokens <= bound wins. Families: "bf16" (fused_moe.py), "fp8" / "mxfp8" (fused_moe_fp8.py, 128-group
+# Tile table per kernel family, in the bucket layout of ladle/kernels/_common.py (`tile_row`: the first bucket
+# with num_tokens <= bound wins). Families: "bf16" (fused_moe.py), "fp8" / "mxfp8" (fused_moe_fp8.py, 128-group
 # fp32 / E8M0 32-group scales), "mxfp4" / "w4a8" (fused_moe_mxfp4.py, bf16 / FP8 activations). block_k is ignored
 # by the FP8 and MXFP4 kernels (their K step is the weight's scale group). benchmarks/gpu_fp8_tiles.py measures
 # these on the H200 and prints replacement entries.
@@ -89,7 +87,7 @@ def select_config(num_tokens: int, kernel: str = "bf16") -> MoETileConfig:
     """The local shape decides the tile (issue 6): decode sizes (<= 256 tokens) stream weights with the smallest
     MMA M tile and narrow N tiles for enough CTAs; prefill sizes use larger M tiles for weight reuse. `kernel`
     names the family's row of MOE_TILES."""
-    return next(cfg for bound, cfg in MOE_TILES[kernel] if num_tokens <= bound)
+    return tile_row(MOE_TILES[kernel], num_tokens)[1]
 
 
 @triton.jit
@@ -213,6 +211,14 @@ def moe_launch_plan(topk_ids: torch.Tensor, num_experts: int, H: int, I: int,
     return cfg, tiles, moe_align_triton(topk_ids, num_experts, cfg.block_m)
 
 
+def check_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_tokens: int) -> int:
+    """Assert the routing inputs of the fused MoE launchers: topk_ids [T, k] int32 (rows of the expert tables) and
+    topk_weights [T, k] float32, T = num_tokens. Returns k."""
+    assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == num_tokens
+    assert topk_ids.dtype == torch.int32 and topk_weights.dtype == torch.float32
+    return topk_ids.shape[1]
+
+
 def fused_moe_ineligible(x: torch.Tensor, w13: torch.Tensor) -> Optional[str]:
     """Eligibility rule of the Triton path: None when it may run, else the reason."""
     reason = triton_ok(x, w13)
@@ -241,9 +247,7 @@ def fused_moe_triton(
     assert w2.shape == (E, H, I), f"w2 must be [E, H, I] = {(E, H, I)}, got {tuple(w2.shape)}"
     assert x.dtype == w13.dtype == w2.dtype
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
-    assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == T
-    assert topk_ids.dtype == torch.int32 and topk_weights.dtype == torch.float32
-    k = topk_ids.shape[1]
+    k = check_routing(topk_ids, topk_weights, T)
     if T == 0:
         return torch.empty_like(x)
     cfg, (bn1, bn2, bk1, bk2), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config)

@@ -25,8 +25,8 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.kernels.fp8_gemm import fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
-from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, moe_launch_plan, moe_tile_cols,
-                                     moe_tile_rows, swigluoai_ref, store_swigluoai)
+from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, moe_launch_plan,
+                                     moe_tile_cols, moe_tile_rows, swigluoai_ref, store_swigluoai)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -100,7 +100,8 @@ def _fp8_gemm2_kernel(
     tl.store(out, acc * wt[:, None], mask=row_ok[:, None] & n_ok[None, :])
 
 
-def _check(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights) -> tuple[int, int, int, int]:
+def _check(x, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
+    """Assert the FP8 / MXFP8 expert tables against x [T, H] (module doc); returns (T, H, E', I)."""
     T, H = x.shape
     E, two_i, Hw = w13.shape
     I = two_i // 2
@@ -109,8 +110,6 @@ def _check(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights) -> tuple[int
     assert w13.dtype == w2.dtype == FP8_DTYPE and w13.is_contiguous() and w2.is_contiguous()
     assert w13_scale.shape == (E, 2 * I, triton.cdiv(H, g)) and w2_scale.shape == (E, H, triton.cdiv(I, g))
     assert w13_scale.dtype == w2_scale.dtype and w13_scale.is_contiguous() and w2_scale.is_contiguous()
-    assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == T
-    assert topk_ids.dtype == torch.int32 and topk_weights.dtype == torch.float32
     return T, H, E, I
 
 
@@ -121,8 +120,8 @@ def fused_moe_fp8_triton(
 ) -> torch.Tensor:
     """x [T, H] float, w13/w2 fp8 with scales (module doc), topk_ids [T, k] int32 rows of the tables,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. No host sync; shapes fixed by (T, k, E', H, I)."""
-    T, H, E, I = _check(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
-    k = topk_ids.shape[1]
+    T, H, E, I = _check(x, w13, w13_scale, w2, w2_scale)
+    k = check_routing(topk_ids, topk_weights, T)
     if T == 0:
         return torch.empty_like(x)
     g, e8m0 = weight_group(w13_scale), w13_scale.dtype == torch.uint8

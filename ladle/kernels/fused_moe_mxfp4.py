@@ -52,8 +52,8 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.kernels.fp8_quant import MX_GROUP, act_quant, dequant_mxfp4
 from ladle.kernels.fused_moe_fp8 import w8a8_moe_ref
-from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, fused_moe_ref, moe_launch_plan,
-                                     moe_tile_cols, moe_tile_rows, store_swigluoai)
+from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, fused_moe_ref,
+                                     moe_launch_plan, moe_tile_cols, moe_tile_rows, store_swigluoai)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -237,8 +237,7 @@ def fused_moe_mxfp4_triton(
     assert w13.dtype == w2.dtype == w13_scale.dtype == w2_scale.dtype == torch.uint8
     assert w13_scale.shape == (E, two_i, H // MX_GROUP) and w2_scale.shape == (E, H, I // MX_GROUP)
     assert all(t.is_contiguous() for t in (w13, w2, w13_scale, w2_scale)) and x.stride(1) == 1
-    assert topk_ids.dtype == torch.int32 and topk_weights.dtype == torch.float32 and topk_ids.shape[0] == T
-    k = topk_ids.shape[1]
+    k = check_routing(topk_ids, topk_weights, T)
     if T == 0:
         return torch.empty_like(x)
     cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(

@@ -43,9 +43,16 @@ class Fp8FusedMoEMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               use_triton: bool) -> torch.Tensor:
-        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype (op `fused_moe_fp8`)."""
-        return fused_moe_fp8(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
-                             topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
+        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype: the layer's tables (`w13`, `w13_scale_inv`,
+        `w2`, `w2_scale_inv`) and SwiGLU-OAI constants into the format's op, `run_experts` (the one part
+        Mxfp4FusedMoEMethod overrides)."""
+        return self.run_experts(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
+                                topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
+
+    def run_experts(self, *args, use_triton: bool) -> torch.Tensor:
+        """Op `fused_moe_fp8` on `apply`'s arguments (x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights,
+        alpha, limit)."""
+        return fused_moe_fp8(*args, use_triton=use_triton)
 
 
 def register_expert_table(layer: nn.Module, name: str, weight: nn.Parameter, scale: nn.Parameter, init) -> None:

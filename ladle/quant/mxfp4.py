@@ -64,12 +64,9 @@ class Mxfp4FusedMoEMethod(Fp8FusedMoEMethod):
     def __init__(self, config: Mxfp4Config = Mxfp4Config()) -> None:
         self.config = config
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-              use_triton: bool) -> torch.Tensor:
-        """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype."""
-        return fused_moe_mxfp4(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
-                               topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton,
-                               fp8_activations=self.config.activation_dtype == "fp8")
+    def run_experts(self, *args, use_triton: bool) -> torch.Tensor:
+        """Op `fused_moe_mxfp4` on `apply`'s arguments (Fp8FusedMoEMethod.run_experts), W4A8 when configured."""
+        return fused_moe_mxfp4(*args, use_triton=use_triton, fp8_activations=self.config.activation_dtype == "fp8")
 
     def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: Optional[torch.dtype], device, weight_loader) -> None:

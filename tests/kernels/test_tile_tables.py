@@ -1,7 +1,7 @@
 """Tile tables of the fused MoE (MOE_TILES, ladle/kernels/fused_moe.py) and the FP8 GEMM (GEMM_TILES,
 ladle/kernels/fp8_gemm.py): today's defaults per bucket, each launcher asks for its own kernel family's row, and an
-edited row (what benchmarks/gpu_fp8_tiles.py prints) is what the selection returns. Launches run under the Triton
-interpreter on tiny random inputs."""
+edited row (what benchmarks/gpu_fp8_tiles.py prints) is what the selection returns; the launchers' shared routing
+check. Launches run under the Triton interpreter on tiny random inputs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from ladle.kernels import fp8_gemm, fused_moe
+from ladle.kernels._common import MAX_TOKENS, tile_row
 from ladle.kernels.fp8_gemm import GEMM_TILES, GemmTileConfig, fp8_gemm_triton, select_gemm_config
 from ladle.kernels.fp8_quant import act_quant_ref, quantize_fp8_rows, quantize_mxfp4, quantize_mxfp8
-from ladle.kernels.fused_moe import MAX_TOKENS, MOE_TILES, MoETileConfig, fused_moe_triton, select_config
+from ladle.kernels.fused_moe import MOE_TILES, MoETileConfig, fused_moe_triton, select_config
 from ladle.kernels.fused_moe_fp8 import fused_moe_fp8_triton
 from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_triton
 
@@ -41,8 +42,30 @@ def test_an_edited_row_is_selected_for_its_family_only(monkeypatch):
     assert select_config(8, "mxfp8") == MOE_TILES["mxfp8"][0][1] != small
     assert select_config(8, "bf16") == MOE_TILES["bf16"][0][1] != small
     g = GemmTileConfig(32, 32, 8, 2)
-    monkeypatch.setitem(GEMM_TILES, "mxfp8", ((fp8_gemm.MAX_TOKENS, g),))
+    monkeypatch.setitem(GEMM_TILES, "mxfp8", ((MAX_TOKENS, g),))
     assert select_gemm_config(3, "mxfp8") == g and select_gemm_config(3, "fp8") != g
+
+
+# M from 0 (no launch, but a row) through every bucket edge to the last bound; the tables' bounds today.
+M_RANGE = (*range(0, 1025), 1500, 4096, 8192, 65536, 2 ** 31, 2 ** 40, MAX_TOKENS - 1, MAX_TOKENS)
+BOUNDS = (16, 64, 256, MAX_TOKENS)
+
+
+def _bucket(m: int) -> int:
+    """The bucket rule as the tables state it, written out: M <= 16 decode, <= 64, <= 256, then prefill."""
+    return 0 if m <= 16 else 1 if m <= 64 else 2 if m <= 256 else 3
+
+
+@pytest.mark.parametrize("select, tables", [(select_config, MOE_TILES), (select_gemm_config, GEMM_TILES)],
+                         ids=["moe", "gemm"])
+def test_every_m_gets_its_bucket_row(select, tables):
+    """Every family's table has the 16 / 64 / 256 / MAX_TOKENS buckets, and for every M the shared lookup
+    (`tile_row`, through each kernel's select function) returns that bucket's row: the tile of the bucket rule."""
+    for family, rows in tables.items():
+        assert tuple(bound for bound, _ in rows) == BOUNDS, family
+        for m in M_RANGE:
+            want = rows[_bucket(m)]
+            assert tile_row(rows, m) == want and select(m, family) is want[1], (family, m)
 
 
 def _spy(monkeypatch, module, name):
@@ -85,6 +108,22 @@ def test_each_launcher_asks_for_its_family(monkeypatch):
         w_q, w_s = quantize(torch.randn(48, 64))
         fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32)
     assert asked_gemm == ["fp8", "mxfp8"]
+
+
+def test_each_launcher_checks_the_routing_it_is_given():
+    """The fused MoE launchers share one routing check (fused_moe.check_routing): topk_weights must have
+    topk_ids' [T, k] shape (the MXFP4 launcher did not check it)."""
+    T, H, E = 3, 64, 3
+    x, ids = torch.randn(T, H), torch.randint(0, E, (T, 2), dtype=torch.int32)
+    launches = [lambda w: fused_moe_triton(x, torch.randn(E, 64, H), torch.randn(E, H, 32), ids, w),
+                lambda w: fused_moe_fp8_triton(x, *_experts(quantize_fp8_rows), ids, w),
+                lambda w: fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, w),
+                lambda w: fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, w, fp8_activations=True)]
+    for launch in launches:
+        with pytest.raises(AssertionError):
+            launch(torch.rand(T, 3))
+        with pytest.raises(AssertionError):
+            launch(torch.rand(T, 2, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("family", sorted(MOE_TILES))
