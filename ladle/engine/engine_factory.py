@@ -152,7 +152,8 @@ def build_engine(config: EngineConfig, tokenizer: Any = None) -> EngineBundle:
         model = load_model(mc, source, torch_dtype(mc.dtype), torch.device(mc.device))
         logger.info("weights loaded in %.1f s", time.monotonic() - t1)
         logger.info("allocating the KV cache%s", f" and capturing {len(sizes)} CUDA graphs" if sizes else "")
-        runner = ModelRunner(mc, resolved.cache, resolved.scheduler, resolved.runner, model, eos)
+        runner = ModelRunner(mc, resolved.cache, resolved.scheduler, resolved.runner, model, eos,
+                             record_step_events=resolved.scheduler.async_scheduling)  # EngineCore's device_idle
     scheduler = Scheduler(resolved.scheduler, block_size=resolved.cache.block_size, num_blocks=runner.num_blocks,
                           max_model_len=mc.max_model_len, enable_prefix_caching=resolved.cache.enable_prefix_caching)
     core = EngineCore(scheduler, runner, max_model_len=mc.max_model_len, eos_token_ids=eos)

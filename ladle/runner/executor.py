@@ -1,13 +1,14 @@
 """The multiprocessing executor (`--distributed-executor-backend mp`): one worker process per tensor-parallel rank.
 
 Same interface as a ModelRunner for the engine core: `execute(SchedulerOutput) -> RunnerOutput`, `num_blocks`, plus
-`is_healthy()` and `shutdown()`. Each step's SchedulerOutput is pickled once and the same bytes go down every rank's
-pipe (the broadcast); every rank answers, rank 0 with the sampled tokens. A rank that raises makes `execute` raise
-RuntimeError naming the rank (the engine fails that step's requests); a rank process that exits makes it raise
-WorkerDied (fatal: the engine loop stops, /health turns 503). When one rank raises while others do not answer within
-`diverged_timeout_s`, those are held in a collective the failed rank never joined: the group is stopped and
-RankDiverged (a WorkerDied, fatal) is raised instead of hanging the engine. With one rank the engine keeps its
-ModelRunner in process and no executor exists.
+`is_healthy()` and `shutdown()`. Each step's message (its kind, sequence number and SchedulerOutput; the protocol is
+in ladle/runner/worker.py) is pickled once and the same bytes go down every rank's pipe (the broadcast); every rank
+answers (phase, sequence number, "ok" | "error", payload), rank 0 with the sampled tokens; one loop, `_collect`, takes
+the replies of every kind. A rank that raises makes `execute` raise RuntimeError naming the rank (the engine fails
+that step's requests); a rank process that exits makes it raise WorkerDied (fatal: the engine loop stops, /health
+turns 503). When one rank raises while others do not answer within `diverged_timeout_s`, those are held in a
+collective the failed rank never joined: the group is stopped and RankDiverged (a WorkerDied, fatal) is raised
+instead of hanging the engine. With one rank the engine keeps its ModelRunner in process and no executor exists.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class MultiprocExecutor:
     """Start `spec.world_size` ranks (spawn) from `spec` (its rank field is replaced per process) and wait until
     all are ready. Raises RuntimeError with the failing rank's traceback when one cannot start."""
 
-    _next_seq = 0  # asynchronous scheduling: the sequence number of the last launch sent
+    _next_seq = 0  # the sequence number of the last step sent (execute or launch)
     _last_sent: Optional[int] = None  # the last launch message sent (the ranks answer its predecessor on it)
     _drain_sent = False  # a drain for `_last_sent` was sent
     _inbox: Optional[list[dict]] = None  # `_inboxes`
@@ -102,12 +103,15 @@ class MultiprocExecutor:
 
     def execute(self, scheduler_output):
         """Broadcast one step to every rank; return rank 0's RunnerOutput (module doc for the errors)."""
-        self._broadcast(pickle.dumps(scheduler_output, protocol=pickle.HIGHEST_PROTOCOL))
-        replies = self._collect_replies()
+        seq = self._next_seq = self._next_seq + 1
+        self._broadcast(("execute", seq, scheduler_output))
+        replies = self._collect("executed", seq)
         self._raise_errors(replies)
         return replies[0][1]
 
-    def _broadcast(self, data: bytes) -> None:
+    def _broadcast(self, message: tuple) -> None:
+        """Pickle `message` once and send the bytes to every rank; WorkerDied when a rank's pipe is gone."""
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send_bytes(data)
@@ -122,7 +126,7 @@ class MultiprocExecutor:
         step N+1 is queued before any rank blocks on step N). A rank's launch error raises RuntimeError (the engine
         fails this step's requests), like a failed `ModelRunner.launch`; dead and diverged ranks as in `execute`."""
         seq = self._next_seq = self._next_seq + 1
-        self._broadcast(pickle.dumps(("launch", seq, scheduler_output), protocol=pickle.HIGHEST_PROTOCOL))
+        self._broadcast(("launch", seq, scheduler_output))
         self._last_sent, self._drain_sent = seq, False  # the ranks answer for the previous step on this message
         self._raise_errors(self._collect("launched", seq))
         return seq
@@ -132,7 +136,7 @@ class MultiprocExecutor:
         or finishes), the ranks are told to answer without launching one. Replies of earlier steps the engine
         dropped (steps with no chunks, the step after a failed one) are discarded. Errors as in `execute`."""
         if handle == self._last_sent and not self._drain_sent:
-            self._broadcast(pickle.dumps(("drain", handle), protocol=pickle.HIGHEST_PROTOCOL))
+            self._broadcast(("drain", handle))
             self._drain_sent = True
         try:
             replies = self._collect("result", handle)
@@ -151,15 +155,17 @@ class MultiprocExecutor:
 
     @property
     def _inboxes(self) -> list[dict]:
-        """Per rank, the asynchronous replies read but not yet taken: {(phase, seq): (kind, payload)}."""
+        """Per rank, the replies read but not yet taken: {(phase, seq): (kind, payload)}."""
         if self._inbox is None:
             self._inbox = [{} for _ in range(self.world_size)]
         return self._inbox
 
     def _collect(self, phase: str, seq: int) -> list:
-        """Every rank's (kind, payload) of message (phase, seq), in rank order. Everything a rank has sent is read
-        as it arrives (later messages are kept), so an error of this or a later step from one rank starts the
-        `diverged_timeout_s` clock for the others, as in `_collect_replies`."""
+        """Every rank's (kind, payload) of reply (phase, seq), in rank order. Everything a rank has sent is read as
+        it arrives (later messages are kept in its inbox). Once a rank has raised (an error of this or a later step),
+        the others get `diverged_timeout_s` to answer; one that does not is held in a collective the failed rank
+        never joined, so the group is stopped and RankDiverged raised (the engine fails its requests, /health 503).
+        A rank whose process exits raises WorkerDied."""
         key, inboxes, deadline = (phase, seq), self._inboxes, None
         while True:
             for rank in range(self.world_size):
@@ -186,27 +192,6 @@ class MultiprocExecutor:
         raise RankDiverged(f"{'; '.join(errors)}; rank(s) {sorted(stuck)} did not answer within "
                            f"{self.diverged_timeout_s:g} s (held in a collective the failed rank never "
                            "joined): the tensor-parallel group is stopped")
-
-    def _collect_replies(self) -> list:
-        """Every rank's (kind, payload) for this step, in rank order, taken as they arrive. Once a rank has raised,
-        the others get `diverged_timeout_s` to answer; one that does not is held in a collective the failed rank
-        never joined, so the group is stopped and RankDiverged raised (the engine fails its requests, /health 503)."""
-        replies: list = [None] * self.world_size
-        pending, errors, deadline = set(range(self.world_size)), [], None
-        while pending:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            watched = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
-            ready = wait(watched, timeout=timeout)
-            if not ready:
-                self._stop_diverged(errors, sorted(pending))
-            for rank in sorted(pending):
-                if self._conns[rank] in ready or self._procs[rank].sentinel in ready:
-                    replies[rank] = self._recv(rank, 0)
-                    pending.discard(rank)
-                    if replies[rank][0] == "error":
-                        errors.append(replies[rank][1])
-                        deadline = deadline or time.monotonic() + self.diverged_timeout_s
-        return replies
 
     def is_healthy(self) -> bool:
         """Every rank's process is alive (cheap: checked on each /health)."""

@@ -34,8 +34,8 @@ class LaunchedStep:
     host: the buffer on the host, [S] int64 alone, or float32 [S + packed logprob floats]; event: the CUDA event
         recorded after its copy (None: already complete).
     begin_event / done_event: CUDA timing events recorded before the step's first device work and after its last
-        (None off CUDA): the engine reads the device's idle time between consecutive steps from them
-        (EngineCore.step_host_s "device_idle").
+        (None off CUDA and unless the runner records them, ModelRunner record_step_events): the engine reads the
+        device's idle time between consecutive steps from them (EngineCore.step_host_s "device_idle").
     """
 
     sample_ids: list[str] = field(default_factory=list)

@@ -58,11 +58,16 @@ class ModelRunner:
             sizes to capture, empty for none).
         model: the loaded model (models/loader.py `load_model`), a CausalLM (models/interface.py).
         eos_token_ids: masked (with stop_token_ids) while a request has fewer than min_tokens outputs.
+        record_step_events: `launch` records each step's CUDA timing events (LaunchedStep.begin_event / done_event,
+            None off CUDA). Their one reader is EngineCore's "device_idle" under asynchronous scheduling with the
+            runner in process (engine_factory asks for them there); off by default, e.g. in synchronous mode and on
+            tensor-parallel ranks, where nobody reads them and each step would pay for two event records.
     Raises KVCacheTooSmall when one max_model_len sequence cannot fit the pool.
     """
 
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, scheduler_config: SchedulerConfig,
-                 runner_config: RunnerConfig, model: torch.nn.Module, eos_token_ids: Sequence[int] = ()) -> None:
+                 runner_config: RunnerConfig, model: torch.nn.Module, eos_token_ids: Sequence[int] = (),
+                 record_step_events: bool = False) -> None:
         self.device = torch.device(model_config.device)
         self.dtype = _DTYPES[model_config.dtype]
         self.max_model_len = int(model_config.max_model_len)
@@ -71,6 +76,7 @@ class ModelRunner:
         self.runner_config = runner_config
         self.model = model
         self.eos_token_ids = tuple(eos_token_ids)
+        self.record_step_events = record_step_events
         self.kv_cache_specs = model.kv_cache_specs()
         self.kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, self.dtype)  # --kv-cache-dtype
         scales = getattr(model, "kv_cache_scales", None)  # per layer (k_scale, v_scale) from the checkpoint
@@ -269,7 +275,7 @@ class ModelRunner:
             return LaunchedStep()
         for c in chunks:
             assert c.request_id in self.requests, f"runner has no state for {c.request_id}"
-        begin = self._timing_event()  # before the step's first device work (its input copies)
+        begin = self._timing_event() if self.record_step_events else None  # before the step's first device work
         batch = self._prepare_inputs(chunks, scheduler_output.placeholder_chunks)
         hidden = self._forward(batch, self.kv_caches)  # [T, H]
         layout = batch.logits
@@ -280,7 +286,8 @@ class ModelRunner:
             every_token = layout.every_token and hidden.shape[0] == layout.num_logits
             logits = self.model.compute_logits(hidden if every_token else hidden[layout.logits_indices])  # [L, V]
             step = self._sample(chunks, batch, logits)
-        step.begin_event, step.done_event = begin, self._timing_event()
+        if self.record_step_events:
+            step.begin_event, step.done_event = begin, self._timing_event()
         self._last_step = step
         return step
 

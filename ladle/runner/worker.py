@@ -3,14 +3,16 @@
 `worker_main` is the process target (ladle/runner/executor.py starts one per rank with multiprocessing spawn):
 set the worker environment (ladle/distributed WORKER_ENV), join the group, build the shard
 (`load_model(..., tp=TPShard(rank, world, expert_parallel))`) and its ModelRunner, report
-("ready", RankInfo), then serve the pipe (None = stop):
-- synchronous steps (`MultiprocExecutor.execute`): a pickled SchedulerOutput; the reply is ("ok", RunnerOutput from
-  rank 0, None from the others) or ("error", "rank r: Type: message");
-- asynchronous scheduling (`MultiprocExecutor.launch` / `wait`): ("launch", seq, SchedulerOutput) is launched on this
-  rank's ModelRunner and acknowledged ("launched", seq, "ok" | "error", None | message); then the step launched
-  before it, if any, is waited for and answered ("result", seq, "ok" | "error", RunnerOutput from rank 0 | None |
-  message). ("drain", seq) answers the step in flight without launching one. Every rank samples identically (same
-  seeds, same logits after the collectives), so each fills the next step's placeholders from its own sampled ids.
+("ready", RankInfo), then serve the pipe (None = stop). Every message is (kind, seq, ...) and every reply is
+(phase, seq, "ok", payload) or (phase, seq, "error", "rank r: Type: message"), the payload a RunnerOutput from
+rank 0 and None from the others (`MultiprocExecutor._collect` takes them):
+- synchronous steps (`MultiprocExecutor.execute`): ("execute", seq, SchedulerOutput) runs the step on this rank's
+  ModelRunner and answers ("executed", seq, ...);
+- asynchronous scheduling (`MultiprocExecutor.launch` / `wait`): ("launch", seq, SchedulerOutput) is launched and
+  acknowledged ("launched", seq, "ok" | "error", None | message); then the step launched before it, if any, is
+  waited for and answered ("result", seq, ...). ("drain", seq) answers the step in flight without launching one.
+  Every rank samples identically (same seeds, same logits after the collectives), so each fills the next step's
+  placeholders from its own sampled ids.
 A startup failure is reported as ("startup_error", traceback text) so the console shows that rank's own message.
 
 A worker dies with its parent: the kernel's parent-death signal (Linux prctl PR_SET_PDEATHSIG) and a watchdog
@@ -131,18 +133,23 @@ def serve(runner, rank: int, conn) -> None:
             return
         if message is None:
             return
-        if isinstance(message, tuple):
+        if message[0] == "execute":
+            _answer(conn, rank, "executed", message[1], runner.execute, message[2])
+        else:
             in_flight = _serve_async(runner, rank, conn, message, in_flight)
-            continue
-        try:
-            out = runner.execute(message)
-            conn.send(("ok", out if rank == 0 else None))
-        except Exception as exc:  # noqa: BLE001 — the engine fails this step's requests
-            conn.send(("error", _describe(rank, exc)))
 
 
-def _describe(rank: int, exc: BaseException) -> str:
-    return f"rank {rank}: {type(exc).__name__}: {exc}"
+def _answer(conn, rank: int, phase: str, seq: int, call, arg, share: bool = True) -> tuple[bool, Any]:
+    """Run `call(arg)` and answer (phase, seq, "ok", its value on rank 0 when `share`, else None) or, when it raises
+    (the engine fails that step's requests), (phase, seq, "error", "rank r: Type: message"). Returns (whether it
+    succeeded, its value or None)."""
+    try:
+        value = call(arg)
+        conn.send((phase, seq, "ok", value if share and rank == 0 else None))
+        return True, value
+    except Exception as exc:  # noqa: BLE001 — reported to the engine, the rank serves on
+        conn.send((phase, seq, "error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+        return False, None
 
 
 def _serve_async(runner, rank: int, conn, message: tuple, in_flight):
@@ -153,16 +160,8 @@ def _serve_async(runner, rank: int, conn, message: tuple, in_flight):
     kind, seq = message[0], message[1]
     launched = None
     if kind == "launch":
-        try:
-            launched = (seq, runner.launch(message[2]))
-            conn.send(("launched", seq, "ok", None))
-        except Exception as exc:  # noqa: BLE001 — the engine fails this step's requests
-            conn.send(("launched", seq, "error", _describe(rank, exc)))
-    if in_flight is not None:
-        prev_seq, step = in_flight
-        try:
-            out = runner.wait(step)
-            conn.send(("result", prev_seq, "ok", out if rank == 0 else None))
-        except Exception as exc:  # noqa: BLE001 — the engine fails that step's requests (and the one after it)
-            conn.send(("result", prev_seq, "error", _describe(rank, exc)))
+        ok, step = _answer(conn, rank, "launched", seq, runner.launch, message[2], share=False)
+        launched = (seq, step) if ok else None
+    if in_flight is not None:  # a failed wait fails that step's requests (and the one after it)
+        _answer(conn, rank, "result", in_flight[0], runner.wait, in_flight[1])
     return launched

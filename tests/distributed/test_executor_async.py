@@ -19,12 +19,22 @@ from distributed.test_executor_divergence import _executor
 
 
 class _FakeRunner:
-    """Records launch/wait; `fail_launch` / `fail_wait`: step names whose launch / wait raise; a step named in
-    `hang` blocks its launch for good (a rank held in a collective; the thread is a daemon)."""
+    """Records execute/launch/wait; `fail_execute` / `fail_launch` / `fail_wait`: step names whose execute / launch /
+    wait raise; a step named in `hang` blocks its execute or launch for good (a rank held in a collective; the
+    thread is a daemon)."""
 
-    def __init__(self, calls: list, fail_launch=(), fail_wait=(), hang=()) -> None:
+    def __init__(self, calls: list, fail_execute=(), fail_launch=(), fail_wait=(), hang=()) -> None:
         self.calls, self.fail_launch, self.fail_wait, self.hang = calls, set(fail_launch), set(fail_wait), set(hang)
+        self.fail_execute = set(fail_execute)
         self.release = threading.Event()  # never set
+
+    def execute(self, so):
+        self.calls.append(("execute", so))
+        if so in self.hang:
+            self.release.wait()
+        if so in self.fail_execute:
+            raise ValueError(f"execute {so}")
+        return f"tokens of {so}"
 
     def launch(self, so):
         self.calls.append(("launch", so))
@@ -142,6 +152,32 @@ def test_a_closed_pipe_mid_pipeline_is_fatal():
     ex._procs[1].exit()
     with pytest.raises(WorkerDied, match="rank 1"):
         ex.wait(h1)
+
+
+def test_synchronous_steps_are_tagged_and_collected_like_launches():
+    """execute goes through the same reply loop: rank 0's tokens, a rank's error fails that step only, a launch after
+    it (the same sequence numbers) is answered as usual and nothing is left in the inboxes."""
+    ex, calls, _, threads = _group(2, rank1=dict(fail_execute={"bad"}))
+    assert ex.execute("s1") == "tokens of s1"
+    with pytest.raises(RuntimeError, match="rank 1: ValueError: execute bad") as e:
+        ex.execute("bad")
+    assert not isinstance(e.value, WorkerDied)
+    assert ex.execute("s3") == "tokens of s3"
+    h4 = ex.launch("s4")
+    assert ex.wait(h4) == "tokens of s4" and h4 == 4
+    _stop(ex, threads)
+    assert all(not inbox for inbox in ex._inboxes), ex._inboxes
+    assert calls[0] == calls[1] == [("execute", "s1"), ("execute", "bad"), ("execute", "s3"), ("launch", "s4"),
+                                    ("wait", "s4")]
+
+
+def test_a_synchronous_error_while_a_rank_stays_in_a_collective_stops_the_group():
+    ex, _, _, _ = _group(2, 0.3, rank0=dict(hang={"s1"}), rank1=dict(fail_execute={"s1"}))
+    t0 = time.monotonic()
+    with pytest.raises(RankDiverged, match=r"rank 1: ValueError: execute s1; rank\(s\) \[0\] did not answer") as e:
+        ex.execute("s1")
+    assert 0.25 < time.monotonic() - t0 < 5.0
+    assert e.value.fatal and ex._closed and all(p.stopped for p in ex._procs)
 
 
 def test_serve_answers_a_drain_with_nothing_in_flight_by_nothing():

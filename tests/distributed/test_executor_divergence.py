@@ -1,4 +1,5 @@
-"""The executor's reply collection (ladle/runner/executor.py) with fake ranks: replies are taken as they arrive, a
+"""The executor's reply collection (ladle/runner/executor.py) for synchronous steps, with fake ranks that answer
+("executed", seq, kind, payload) by hand (the first step's seq is 1): replies are taken as they arrive, a
 rank error with every rank answering fails the step (RuntimeError, not fatal), and a rank error while another rank
 stays silent (held in a collective the failed rank never joined) stops the group with RankDiverged (fatal) after
 `diverged_timeout_s` instead of hanging the engine."""
@@ -47,16 +48,16 @@ def _executor(world_size: int, diverged_timeout_s: float):
 
 def test_replies_in_rank_order_whatever_their_arrival():
     ex, ranks = _executor(3, 5.0)
-    ranks[2].send(("ok", None))
-    ranks[1].send(("ok", None))
-    ranks[0].send(("ok", "rank 0's tokens"))
+    ranks[2].send(("executed", 1, "ok", None))
+    ranks[1].send(("executed", 1, "ok", None))
+    ranks[0].send(("executed", 1, "ok", "rank 0's tokens"))
     assert ex.execute("step") == "rank 0's tokens"
 
 
 def test_an_error_with_every_rank_answering_fails_the_step_only():
     ex, ranks = _executor(2, 5.0)
-    ranks[1].send(("error", "rank 1: ValueError: boom"))
-    ranks[0].send(("ok", "tokens"))
+    ranks[1].send(("executed", 1, "error", "rank 1: ValueError: boom"))
+    ranks[0].send(("executed", 1, "ok", "tokens"))
     with pytest.raises(RuntimeError, match="rank 1: ValueError: boom") as e:
         ex.execute("step")
     assert not isinstance(e.value, WorkerDied) and not ex._closed
@@ -64,7 +65,7 @@ def test_an_error_with_every_rank_answering_fails_the_step_only():
 
 def test_an_error_while_a_rank_stays_in_a_collective_stops_the_group():
     ex, ranks = _executor(2, 0.3)
-    ranks[1].send(("error", "rank 1: ValueError: boom"))  # rank 0 never answers: blocked in an all-reduce
+    ranks[1].send(("executed", 1, "error", "rank 1: ValueError: boom"))  # rank 0 never answers: in an all-reduce
     t0 = time.monotonic()
     with pytest.raises(RankDiverged, match=r"rank 1: ValueError: boom; rank\(s\) \[0\] did not answer") as e:
         ex.execute("step")
@@ -74,7 +75,7 @@ def test_an_error_while_a_rank_stays_in_a_collective_stops_the_group():
 
 def test_a_rank_that_exits_is_fatal():
     ex, ranks = _executor(2, 5.0)
-    ranks[0].send(("ok", "tokens"))
+    ranks[0].send(("executed", 1, "ok", "tokens"))
     ex._procs[1].exit()
     with pytest.raises(WorkerDied, match="rank 1"):
         ex.execute("step")

@@ -62,7 +62,8 @@ def make_bundle(model: torch.nn.Module, *, tokenizer: Any = None, max_model_len:
                                   async_scheduling=async_scheduling),
         runner=resolve_runner_config(runner or RunnerConfig(enforce_eager=True), "cpu", max_num_seqs),
     )
-    model_runner = ModelRunner(config.model, config.cache, config.scheduler, config.runner, model, eos_token_ids)
+    model_runner = ModelRunner(config.model, config.cache, config.scheduler, config.runner, model, eos_token_ids,
+                               record_step_events=async_scheduling)  # as build_engine asks
     scheduler = Scheduler(config.scheduler, block_size=block_size, num_blocks=model_runner.num_blocks,
                           max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching)
     core = EngineCore(scheduler, model_runner, max_model_len=max_model_len, eos_token_ids=eos_token_ids)

@@ -452,3 +452,44 @@ def test_device_idle_is_absent_where_nothing_measures_it(model):
         bundle = make_bundle(model, async_scheduling=async_scheduling)
         LLM(bundle=bundle).generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
         assert "device_idle" not in bundle.core.step_host_s and bundle.core.step_host_s["execute"] > 0
+
+
+def test_step_events_are_recorded_only_where_the_engine_reads_them(m3_dir, monkeypatch):
+    """The runner records its steps' two CUDA timing events only for their one reader, EngineCore's device_idle
+    (asynchronous scheduling, the runner in process): build_engine asks for them with --async-scheduling only, and
+    a tensor-parallel rank's runner never does. Counted through `_timing_event` (None on CPU, a recorded event on
+    CUDA): a synchronous engine calls it never, an asynchronous one twice per model step."""
+    from ladle.runner.model_runner import ModelRunner
+
+    calls = []
+    monkeypatch.setattr(ModelRunner, "_timing_event", lambda self: calls.append(self))
+    for async_scheduling in (False, True):
+        calls.clear()
+        llm = _m3(m3_dir)(async_scheduling)
+        assert llm.core.runner.record_step_events is async_scheduling
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        assert len(calls) == (2 * llm.core.num_steps if async_scheduling else 0)
+
+
+def test_tensor_parallel_ranks_record_no_step_events(m3_dir, monkeypatch):
+    """A rank's runner (runner/worker.py build_rank_runner) records no step events even with asynchronous
+    scheduling: the engine sees only the executor's handles, never a rank's events."""
+    import torch
+
+    from ladle.engine.config_resolve import resolve_engine_config
+    from ladle.engine.engine_factory import engine_config_from_kwargs
+    from ladle.models.loader import resolve_model_source
+    from ladle.models.registry import resolve_model_class
+    from ladle.runner import worker
+
+    config = engine_config_from_kwargs(m3_dir, device="cpu", async_scheduling=True, **M3_ENGINE)
+    source = resolve_model_source(config.model)
+    resolved = resolve_engine_config(config, source.hf_config, resolve_model_class(source.architectures))
+    spec = worker.WorkerSpec(resolved.model, resolved.cache, resolved.scheduler, resolved.runner, source, (), 0, 1)
+    monkeypatch.setattr(worker, "init_tensor_parallel", lambda *args: None)  # one rank, no group to join
+    threads = torch.get_num_threads()
+    try:
+        runner, _ = worker.build_rank_runner(spec)
+    finally:
+        torch.set_num_threads(threads)  # a CPU rank takes its share of the cores
+    assert resolved.scheduler.async_scheduling and runner.record_step_events is False
