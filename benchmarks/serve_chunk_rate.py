@@ -88,7 +88,8 @@ class FakeCore:
         self.token_ids, self.step_s = token_ids, step_s
         self.requests: dict[str, list] = {}  # id -> [start, emitted, max_tokens, num_prompt_tokens]
         self.scheduler = self  # CoreLoop reads core.scheduler.requests
-        self.step_host_s = {"schedule": 0.0, "execute": 0.0, "wait": 0.0, "update": 0.0, "device_idle": 0.0}
+        # no device, so no "device_idle" (absent until measured, as EngineCore has it)
+        self.step_host_s = {"schedule": 0.0, "execute": 0.0, "wait": 0.0, "update": 0.0}
         self.num_steps = 0
         self._stats = SchedulerStats()
         self._next = 0.0
