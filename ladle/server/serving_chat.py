@@ -28,7 +28,7 @@ from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, Ch
 from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingContext, clamp_logprob, collect_runs,
                                          include_usage, make_sampling_params, make_usage, merge_runs, prepare,
                                          resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
-from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
+from ladle.server.stream_chunks import SSE_DONE, SSEFrame
 from ladle.server.validation import check_logprobs_count, check_sampling_fields, check_template_kwargs
 
 logger = logging.getLogger("ladle.server")
@@ -206,11 +206,10 @@ class ChatHandler:
 
     # ------------------------------------------------------------------------------------ streaming
     def _stream(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs) -> AsyncIterator[bytes]:
-        """Per choice a role chunk, then one chunk per delta body of each output (or per --stream-interval tokens):
-        plain dicts, encoded once."""
+        """Per choice a role chunk, then one chunk per delta body of each output (the engine client paces outputs
+        by --stream-interval): plain dicts, encoded once."""
         ctx = self.ctx
         frame = SSEFrame(random_id("chatcmpl"), "chat.completion.chunk", ctx.model_name)
-        pacer = StreamPacer(ctx.limits.stream_interval)
         top = req.top_logprobs or 0
 
         def usage_chunk() -> Optional[bytes]:
@@ -221,9 +220,6 @@ class ChatHandler:
                 yield frame.choice(_stream_choice(i, {"role": "assistant", "content": ""}))
             async for _run, out in merge_runs([run]):
                 for c in out.outputs:
-                    c = pacer.take(c.index, c)
-                    if c is None:
-                        continue
                     logprobs = None
                     if req.logprobs:
                         logprobs = {"content": _chat_logprobs(ctx, c.token_ids_delta, c.logprobs_delta, top),

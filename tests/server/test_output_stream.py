@@ -73,7 +73,7 @@ def test_lagging_consumer_reads_one_merged_output():
         for i in range(1, len(ids) - 1):  # the consumer does not read: these pile up in its stream
             engine._handle(_step("r", ids[i:i + 1]))
         engine._handle(_step("r", ids[-1:], finish="length"))
-        assert engine._streams["r"].empty() is False
+        assert engine._streams["r"].ready() is True
         out2 = await agen.__anext__()
         with pytest.raises(StopAsyncIteration):
             await agen.__anext__()
@@ -86,6 +86,34 @@ def test_lagging_consumer_reads_one_merged_output():
     assert out1.outputs[0].text_delta + c.text_delta == text and c.text == text  # cumulative on the finishing one
     assert c.token_ids_delta == ids[1:] and c.token_ids == ids
     assert [e[0][0] for e in c.logprobs_delta] == ids[1:] and len(c.logprobs) == len(ids)
+
+
+def test_consumer_is_woken_once_per_interval():
+    """The engine client's stream wakes the consumer on the first token, then once per 4 tokens, then on the finish:
+    10 one-token steps are 4 outputs, though the consumer waits after every step (interval 1: 10 wake-ups)."""
+    text = "abcdefghij"
+
+    async def scenario(interval: int) -> list:
+        engine = _engine()
+        engine._reader = asyncio.get_running_loop().create_future()  # no socket reader: the test feeds _handle
+        params = SamplingParams(max_tokens=len(text), temperature=0.0)
+        got: list = []
+
+        async def consume():
+            async for out in engine.generate([72, 105], params, request_id="r", stream_interval=interval):
+                got.append(out.outputs[0].text_delta)
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0)
+        engine._handle(msg.AddAck("r"))
+        for i, ch in enumerate(text.encode()):
+            await asyncio.sleep(0)  # the consumer runs whenever it was woken
+            engine._handle(_step("r", [ch], finish="length" if i == len(text) - 1 else None))
+        await task
+        return got
+
+    assert asyncio.run(scenario(4)) == ["a", "bcde", "fghi", "j"]
+    assert asyncio.run(scenario(1)) == list(text)
 
 
 def test_stream_merges_keeps_inputs_and_raises_after_outputs():
