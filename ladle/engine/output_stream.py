@@ -22,39 +22,12 @@ from typing import Optional, Union
 from ladle.engine.client import CompletionOutput, RequestOutput
 
 
-def merge_choice_outputs(a: CompletionOutput, b: CompletionOutput) -> CompletionOutput:
-    """Choice output `a` followed by `b` (same index) as one output; neither is modified."""
-    logprobs_delta = a.logprobs_delta
-    if b.logprobs_delta is not None:
-        logprobs_delta = (a.logprobs_delta or []) + b.logprobs_delta
-    return CompletionOutput(index=a.index, text=b.text, token_ids=b.token_ids, text_delta=a.text_delta + b.text_delta,
-                            token_ids_delta=a.token_ids_delta + b.token_ids_delta, logprobs=b.logprobs,
-                            logprobs_delta=logprobs_delta, finish_reason=b.finish_reason, stop_reason=b.stop_reason,
-                            error=b.error)
-
-
-def merge_request_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """Request output `a` followed by `b` as one output (choices in order of first appearance); neither is
-    modified."""
-    outputs = list(a.outputs)
-    where = {c.index: i for i, c in enumerate(outputs)}
-    for c in b.outputs:
-        i = where.get(c.index)
-        if i is None:
-            where[c.index] = len(outputs)
-            outputs.append(c)
-        else:
-            outputs[i] = merge_choice_outputs(outputs[i], c)
-    return RequestOutput(request_id=b.request_id, prompt_token_ids=b.prompt_token_ids, outputs=outputs,
-                         finished=b.finished, num_cached_tokens=b.num_cached_tokens,
-                         prompt_logprobs=a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
-                         queue_time=a.queue_time if a.queue_time is not None else b.queue_time)
-
-
 def merge_many_request_outputs(outs: list[RequestOutput]) -> RequestOutput:
-    """`outs` (in order) as one output, in one pass: the same result as folding `merge_request_outputs` over them
-    (a choice that appears once keeps its object), with each choice's deltas concatenated once instead of once per
-    fold step (a backlog of k outputs cost O(k^2) list and string copies). None of `outs` is modified."""
+    """`outs` (in order) as one output, in one pass (each choice's deltas concatenated once, not once per output:
+    a pairwise fold over a backlog of k outputs cost O(k^2) list and string copies). Choices in order of first
+    appearance; a choice that appears once keeps its object; request_id, prompt_token_ids, finished and
+    num_cached_tokens from the last output, prompt_logprobs and queue_time the first that are set. None of `outs` is
+    modified."""
     if len(outs) == 1:
         return outs[0]
     groups: dict[int, list[CompletionOutput]] = {}  # choice index -> its outputs in order (first appearance order)
@@ -79,7 +52,8 @@ def merge_many_request_outputs(outs: list[RequestOutput]) -> RequestOutput:
 
 
 def _merge_choice_group(group: list[CompletionOutput]) -> CompletionOutput:
-    """Outputs of one choice, in order, as one (merge_choice_outputs folded over them)."""
+    """Outputs of one choice, in order, as one: text / token ids / logprobs deltas concatenated (logprobs None unless
+    some output had them), the cumulative fields, finish / stop reason and error from the last."""
     token_ids_delta: list[int] = []
     logprobs_delta = None  # None unless some output had logprobs; then all of theirs, in order
     for c in group:
