@@ -118,17 +118,19 @@ def _chat_logprobs(ctx: ServingContext, token_ids: list[int], entries: Optional[
     return out
 
 
-_DELTA_FIELDS = ("role", "content", "reasoning_content", "tool_calls")  # protocol.DeltaMessage's
+# The fields of a chat chunk's `delta` (OpenAI's ChatCompletionStreamResponseDelta, with vLLM's reasoning_content):
+# a parser's delta body keeps these, those that are set.
+_DELTA_FIELDS = ("role", "content", "reasoning_content", "tool_calls")
 
 
 def _delta(body: dict[str, Any]) -> dict[str, Any]:
-    """A parser's delta body as the chunk's `delta`: DeltaMessage's fields, those that are set."""
+    """A parser's delta body as the chunk's `delta`: the _DELTA_FIELDS that are set."""
     return {k: v for k, v in body.items() if v is not None and k in _DELTA_FIELDS}
 
 
 def _stream_choice(index: int, delta: dict[str, Any], logprobs: Optional[dict] = None,
                    finish_reason: Optional[str] = None, stop_reason: Optional[object] = None) -> dict[str, Any]:
-    """protocol.ChatCompletionStreamChoice's fields as a plain dict."""
+    """A chat chunk's choice as a plain dict (OpenAI's stream choice, with vLLM's stop_reason)."""
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
             "stop_reason": stop_reason}
 

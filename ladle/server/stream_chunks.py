@@ -1,9 +1,11 @@
 """The bytes of a streamed response (SSE), without a pydantic model per chunk, and `--stream-interval`'s check
 (the pacing itself: ladle/engine/output_stream.py, where the engine client feeds each request's outputs).
 
-Each chunk is a plain dict with exactly the fields the protocol's stream models have (protocol.py:
-CompletionStreamResponse, ChatCompletionStreamResponse; tests/server/test_stream_golden.py holds the JSON to the one
-those models wrote), encoded once with msgspec into a frame whose shared fields were encoded when the response began.
+Each chunk is a plain dict with the fields of OpenAI's stream chunks (CreateCompletionResponse's choice /
+CreateChatCompletionStreamResponse's, plus vLLM's `stop_reason` and `reasoning_content`; the chat choice:
+serving_chat._stream_choice, its delta's fields: serving_chat._DELTA_FIELDS), encoded once with msgspec into a frame
+whose shared fields were encoded when the response began. tests/server/test_stream_golden.py holds the JSON to what
+the pydantic stream models it replaced wrote; tests/server/test_openai_schema.py to OpenAI's schema.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ def sse(obj: Any) -> bytes:
 
 class SSEFrame:
     """The events of one streamed response, without a pydantic model per chunk: the fields every chunk shares
-    (`id`, `object`, `created`, `model`) are encoded once; each chunk encodes only its choice (a plain dict with the
-    fields of protocol.CompletionStreamChoice / ChatCompletionStreamChoice) or its usage.
+    (`id`, `object`, `created`, `model`) are encoded once; each chunk encodes only its choice (a plain dict:
+    index, text or delta, logprobs, finish_reason, stop_reason) or its usage.
 
     `object`: "text_completion" or "chat.completion.chunk". `created`: seconds since the epoch (one per response,
     as OpenAI's and vLLM's chunks carry).
