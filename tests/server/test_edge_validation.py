@@ -93,6 +93,19 @@ def test_bad_input_is_400_naming_the_field(server, path, body, param):
         assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_400_naming_the_header(server, content_type):
+    """`curl -d` without `-H 'Content-Type: application/json'` sends a form type: the answer says what to send."""
+    body = json.dumps({"prompt": "ok", "max_tokens": 2}).encode()
+    with server.client() as c:
+        r = c.post("/v1/completions", content=body, headers={"content-type": content_type} if content_type else {})
+        err = _assert_error(r, 400)
+        assert "must be JSON sent with the header Content-Type: application/json" in err["message"], err
+        assert (content_type or "has no Content-Type") in err["message"] and "valid dictionary" not in err["message"]
+        ok = c.post("/v1/completions", content=body, headers={"content-type": "application/json; charset=utf-8"})
+        assert ok.status_code == 200, ok.text
+
+
 def test_tiny_temperature_is_raised_to_the_floor(fake_server):
     with fake_server.client() as c:
         r = _post(c, "/v1/completions", {"prompt": "a", "max_tokens": 2, "temperature": 1e-40, "seed": 1})
