@@ -42,7 +42,8 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
     """Messages as plain dicts for the template; a role outside CHAT_ROLES is a 400; list content keeps only its
-    text parts (400 otherwise)."""
+    text parts (400 otherwise); null (or missing) content is a 400 except in an assistant message with tool_calls
+    (rendered as "")."""
     if not req.messages:
         raise OpenAIError("messages must contain at least one message", 400, "messages")
     out = []
@@ -67,6 +68,9 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
                 texts.append(part["text"])
             d["content"] = "".join(texts)
         elif m.content is None:
+            if m.role != "assistant" or not m.tool_calls:  # OpenAI's rule: content may be null only beside tool_calls
+                raise OpenAIError(f"messages[{i}].content is required in a {m.role} message (null only in an "
+                                  f"assistant message with tool_calls)", 400, f"messages[{i}].content")
             d["content"] = ""
         out.append(d)
     return out

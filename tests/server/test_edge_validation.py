@@ -70,6 +70,10 @@ BAD = [
     (CHAT, {"messages": _user("\udc00")}, "messages[0].content"),
     (CHAT, {"messages": _user([[{"type": "text", "text": "x"}]])}, "messages[0].content"),
     (CHAT, {"messages": _user([{"type": "image_url", "image_url": {"url": "x"}}])}, "messages[0].content[0].type"),
+    (CHAT, {"messages": _user(None)}, "messages[0].content"),  # OpenAI: content is required
+    (CHAT, {"messages": [{"role": "system"}] + _user("hi")}, "messages[0].content"),
+    (CHAT, {"messages": _user("hi") + [{"role": "assistant", "content": None}]}, "messages[1].content"),
+    (CHAT, {"messages": _user("hi") + [{"role": "tool", "content": None, "tool_call_id": "c"}]}, "messages[1].content"),
     (CHAT, {"messages": _user("hi"), "tools": [{"type": "function", "function": {"name": "\ud800"}}]},
      "tools[0].function.name"),
     (CHAT, {"messages": _user("hi"), "chat_template_kwargs": {"x": "\ud800"}}, "chat_template_kwargs.x"),
@@ -79,6 +83,7 @@ BAD = [
     (CHAT, {"messages": _user("hi"), "n": 129}, "n"),
     ("/tokenize", {"prompt": "\ud800"}, "prompt"),
     ("/tokenize", {"messages": _user("\ud800")}, "messages[0].content"),
+    ("/tokenize", {"messages": _user(None)}, "messages[0].content"),
     ("/detokenize", {"tokens": [2 ** 70]}, "tokens"),
     ("/detokenize", {"tokens": [-1]}, "tokens"),
 ]
@@ -90,6 +95,15 @@ def test_bad_input_is_400_naming_the_field(server, path, body, param):
         _assert_error(_post(c, path, body), 400, param)
         # The same keep-alive client goes on: the next request is served normally.
         r = _post(c, "/v1/completions", {"prompt": "ok", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+
+
+def test_assistant_content_may_be_null_beside_tool_calls(fake_server):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = _user("hi") + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                              {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    with fake_server.client() as c:
+        r = _post(c, CHAT, {"messages": messages, "max_tokens": 2})
         assert r.status_code == 200, r.text
 
 
