@@ -24,7 +24,7 @@ import signal
 import sys
 from typing import Callable, Optional
 
-from ladle.cli_args import add_config_args, collect_refusals, configs_from_args
+from ladle.cli_args import add_config_args, collect_refusals, config_fields, configs_from_args
 from ladle.config import EngineConfig, ServerConfig, env_flag, format_refusals
 
 logger = logging.getLogger("ladle.cli")
@@ -85,27 +85,13 @@ def configs_or_refusal(parser: argparse.ArgumentParser,
     return engine_config, server_config, args
 
 
-# Flags that size or shape CUDA work only: given on a CPU run they would be accepted and do nothing.
-CUDA_ONLY_FLAGS = {
-    "--gpu-memory-utilization": "on CPU the KV cache takes --kv-cache-memory-bytes (default 2 GiB)",
-    "--cuda-graph-sizes": "CPU steps run eager (CUDA graphs exist on CUDA only)",
-}
-
-
 def _cuda_only_refusals(argv: list[str], engine_config: EngineConfig) -> list[str]:
-    """A refusal per CUDA_ONLY_FLAGS flag given on the command line when the run is on CPU."""
+    """config_resolve.cuda_only_refusals for the flags given on the command line (the CUDA-only ones on a CPU run)."""
     given = {token.partition("=")[0] for token in argv if token.startswith("--")}
-    flags = [f for f in CUDA_ONLY_FLAGS if f in given]
-    if not flags:
-        return []
-    resolve_device = _lazy("ladle.engine.config_resolve", "resolve_device", "the engine")
-    try:
-        device = resolve_device(engine_config.model.device)
-    except ValueError:  # a --device refusal of its own (preflight lists it)
-        return []
-    if device != "cpu":
-        return []
-    return [f"{flag}: applies on CUDA only, and this run is on CPU; {CUDA_ONLY_FLAGS[flag]}" for flag in flags]
+    flag_of = {f.name: f.metadata["flag"] for _, f in config_fields()}
+    refusals = _lazy("ladle.engine.config_resolve", "cuda_only_refusals", "the engine")
+    return refusals([name for name, flag in flag_of.items() if flag in given], engine_config.model.device,
+                    flag_of.__getitem__)
 
 
 def _server_refusals(server_config: ServerConfig) -> list[str]:

@@ -38,9 +38,9 @@ class _Stream:
     """The loop-side end of one request: outputs (or an exception) are put on `queue` (a RequestOutputStream) from
     the engine thread through `loop.call_soon_threadsafe` (`_put_all`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream_interval: int) -> None:
         self.loop = loop
-        self.queue = RequestOutputStream()  # a lagging consumer reads what piled up as one merged output
+        self.queue = RequestOutputStream(stream_interval)  # a lagging consumer reads what piled up as one output
 
 
 def _deliver(pairs: list[tuple[_Stream, Any]]) -> None:
@@ -97,7 +97,7 @@ class AsyncEngine(EngineClient):
     # ---- EngineClient ------------------------------------------------------------------------------
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+                       request_id: Optional[str] = None, stream_interval: int = 1) -> AsyncIterator[RequestOutput]:
         """See EngineClient.generate. `request_id`, when given and not in use, becomes the internal id;
         otherwise `cmpl-<uuid>` is generated. A duplicate in-flight id is refused (RequestRejected)."""
         self._check_alive()
@@ -105,7 +105,7 @@ class AsyncEngine(EngineClient):
         if parent_id in self._streams:
             raise RequestRejected(f"request id {parent_id!r} is already in use")
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop)
+        stream = _Stream(loop, stream_interval)
         self._streams[parent_id] = stream
         ack: asyncio.Future = loop.create_future()
         self._inbox.put(("add", parent_id, list(prompt_token_ids), sampling_params, ack, loop, time.monotonic()))

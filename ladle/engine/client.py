@@ -109,8 +109,13 @@ class EngineClient(abc.ABC):
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         request_id: Optional[str] = None,
+        stream_interval: int = 1,
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request; yield its outputs until finished.
+
+        stream_interval: tokens per yielded output of a choice (`--stream-interval`): a choice's first output and
+        its finishing one come at once, the others once that many tokens arrived (output_stream.RequestOutputStream,
+        which every implementation feeds); 1 yields every step's output.
 
         Raises RequestRejected (before the first yield) when the request can never fit, EngineError when the
         engine is dead. Cancelling the iterator (client disconnect) aborts every choice and frees its blocks

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -88,6 +88,32 @@ def resolve_device(device: str) -> str:
     if device != "cpu" and not device.startswith("cuda"):
         raise ConfigError(f"unsupported --device {device!r} (use auto, cpu or cuda)")
     return device
+
+
+# Fields that size or shape CUDA work only: set on a CPU run they would be accepted and do nothing. Each with what the
+# CPU offers instead ({kv_cache_memory_bytes}: that field, spelled as the caller spells fields).
+CUDA_ONLY_FIELDS = {
+    "gpu_memory_utilization": "on CPU the KV cache takes {kv_cache_memory_bytes} (default 2 GiB)",
+    "cuda_graph_sizes": "CPU steps run eager (CUDA graphs exist on CUDA only)",
+}
+
+
+def cuda_only_refusals(given: Iterable[str], device: str, spell: Callable[[str], str] = str) -> list[str]:
+    """A refusal per CUDA_ONLY_FIELDS field in `given` (the config fields the user set: flags on the command line,
+    keywords in the Python API) when `device` resolves to CPU; [] on CUDA, or when `device` is refused on its own
+    (config_refusals says why). `spell` names a field as the user wrote it (`--gpu-memory-utilization`; default: the
+    field name, the Python API's keyword)."""
+    given = set(given)
+    fields = [f for f in CUDA_ONLY_FIELDS if f in given]
+    if not fields:
+        return []
+    try:
+        if resolve_device(device) != "cpu":
+            return []
+    except ValueError:
+        return []
+    return [f"{spell(f)}: applies on CUDA only, and this run is on CPU; "
+            f"{CUDA_ONLY_FIELDS[f].format(kv_cache_memory_bytes=spell('kv_cache_memory_bytes'))}" for f in fields]
 
 
 def resolve_dtype(dtype: str, device: str, hf_config: dict) -> str:

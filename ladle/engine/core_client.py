@@ -117,7 +117,7 @@ class CoreProcessEngine(EngineClient):
     # ---- EngineClient ------------------------------------------------------------------------------
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+                       request_id: Optional[str] = None, stream_interval: int = 1) -> AsyncIterator[RequestOutput]:
         """See EngineClient.generate (same id rule as AsyncEngine: a given unused id is the key, else cmpl-<uuid>)."""
         self._check_alive()
         self._ensure_reader()
@@ -126,7 +126,7 @@ class CoreProcessEngine(EngineClient):
             raise RequestRejected(f"request id {parent_id!r} is already in use")
         prompt = list(prompt_token_ids)
         child_ids = self._processor.add_request(parent_id, prompt, sampling_params)
-        stream = RequestOutputStream()
+        stream = RequestOutputStream(stream_interval)
         self._streams[parent_id] = stream
         ack = self._acks[parent_id] = asyncio.get_running_loop().create_future()
         finished = False
@@ -139,7 +139,7 @@ class CoreProcessEngine(EngineClient):
                 finished = True
                 raise
             while True:
-                item = await stream.get()  # all outputs since the last read, merged into one
+                item = await stream.get()  # all (due) outputs since the last read, merged into one
                 if isinstance(item, BaseException):
                     finished = True
                     raise item

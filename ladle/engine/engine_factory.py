@@ -18,8 +18,9 @@ import torch
 
 from ladle.config import COMPONENTS, EngineConfig
 from ladle.core.scheduler import Scheduler
-from ladle.engine.config_resolve import (ConfigError, config_in_effect, config_refusals, kv_cache_dtype_in_effect,
-                                         resolve_engine_config, resolve_model_path, torch_dtype)
+from ladle.engine.config_resolve import (ConfigError, config_in_effect, config_refusals, cuda_only_refusals,
+                                         kv_cache_dtype_in_effect, resolve_engine_config, resolve_model_path,
+                                         torch_dtype)
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.tokenizer import eos_token_ids, load_tokenizer
 
@@ -43,7 +44,9 @@ class EngineBundle:
 
 def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> EngineConfig:
     """EngineConfig from flat keyword arguments named like the component fields (e.g. `block_size=16`,
-    `max_num_batched_tokens=64`, `kv_cache_memory_bytes=...`). Raises TypeError for an unknown name."""
+    `max_num_batched_tokens=64`, `kv_cache_memory_bytes=...`). Raises TypeError for an unknown name, ConfigError (a
+    ValueError) for a CUDA-only one (`gpu_memory_utilization`, `cuda_graph_sizes`) on a CPU run, as `ladle serve`
+    refuses its flag (config_resolve.cuda_only_refusals)."""
     parts: dict[str, dict[str, Any]] = {name: {} for name in COMPONENTS}
     kwargs["model"] = model
     for key, value in kwargs.items():
@@ -51,7 +54,10 @@ def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> Engine
         if not owner:
             raise TypeError(f"unknown engine argument {key!r}")
         parts[owner[0]][key] = value
-    return EngineConfig(**{name: COMPONENTS[name](**values) for name, values in parts.items()})
+    config = EngineConfig(**{name: COMPONENTS[name](**values) for name, values in parts.items()})
+    if refusals := cuda_only_refusals(kwargs, config.model.device):
+        raise ConfigError(*refusals)
+    return config
 
 
 def _model_name(config: EngineConfig, source: Any) -> str:

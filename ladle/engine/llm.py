@@ -20,7 +20,9 @@ Prompt = Union[str, list[int]]
 class LLM:
     """Args: model (HF dir, .gguf, or None for the embedded SmolLM2), any EngineConfig field by name
     (dtype, max_model_len, block_size, kv_cache_memory_bytes, enable_prefix_caching, max_num_seqs,
-    max_num_batched_tokens, seed, device, load_format, ...). `bundle` injects a prebuilt engine (tests)."""
+    max_num_batched_tokens, seed, device, load_format, ...). `bundle` injects a prebuilt engine (tests).
+    Raises ValueError for a CUDA-only field (gpu_memory_utilization, cuda_graph_sizes) on a CPU run, as `ladle serve`
+    refuses its flag (engine_factory.engine_config_from_kwargs)."""
 
     def __init__(self, model: Optional[str] = None, *, bundle: Optional[EngineBundle] = None, **kwargs: Any) -> None:
         self.bundle = bundle if bundle is not None else build_engine(engine_config_from_kwargs(model, **kwargs))

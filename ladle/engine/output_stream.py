@@ -5,6 +5,8 @@ per step, no task switch per token); the request's `generate` iterator takes wha
 behind (a slow client, a busy loop) finds everything since its last read merged into one RequestOutput, so its next
 SSE chunk carries all of it instead of one chunk per step queued up behind it. vLLM's AsyncLLM does the same
 (`RequestOutputCollector` in vllm/v1/engine/output_processor.py: a put while an output is waiting aggregates the two).
+`--stream-interval N` is applied here too (the stream's `stream_interval`): the consumer is woken once per N tokens
+of a choice, not once per step, and what it reads is one SSE chunk per choice.
 
 The merge keeps the meaning of every field: deltas concatenated in order (text, token ids, logprobs: one entry per
 token), finish / stop reason and the cumulative fields from the later output (they are set on the finishing one),
@@ -14,44 +16,18 @@ the request's first prompt logprobs and queue time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Optional, Union
 
 from ladle.engine.client import CompletionOutput, RequestOutput
 
 
-def merge_choice_outputs(a: CompletionOutput, b: CompletionOutput) -> CompletionOutput:
-    """Choice output `a` followed by `b` (same index) as one output; neither is modified."""
-    logprobs_delta = a.logprobs_delta
-    if b.logprobs_delta is not None:
-        logprobs_delta = (a.logprobs_delta or []) + b.logprobs_delta
-    return CompletionOutput(index=a.index, text=b.text, token_ids=b.token_ids, text_delta=a.text_delta + b.text_delta,
-                            token_ids_delta=a.token_ids_delta + b.token_ids_delta, logprobs=b.logprobs,
-                            logprobs_delta=logprobs_delta, finish_reason=b.finish_reason, stop_reason=b.stop_reason,
-                            error=b.error)
-
-
-def merge_request_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """Request output `a` followed by `b` as one output (choices in order of first appearance); neither is
-    modified."""
-    outputs = list(a.outputs)
-    where = {c.index: i for i, c in enumerate(outputs)}
-    for c in b.outputs:
-        i = where.get(c.index)
-        if i is None:
-            where[c.index] = len(outputs)
-            outputs.append(c)
-        else:
-            outputs[i] = merge_choice_outputs(outputs[i], c)
-    return RequestOutput(request_id=b.request_id, prompt_token_ids=b.prompt_token_ids, outputs=outputs,
-                         finished=b.finished, num_cached_tokens=b.num_cached_tokens,
-                         prompt_logprobs=a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
-                         queue_time=a.queue_time if a.queue_time is not None else b.queue_time)
-
-
 def merge_many_request_outputs(outs: list[RequestOutput]) -> RequestOutput:
-    """`outs` (in order) as one output, in one pass: the same result as folding `merge_request_outputs` over them
-    (a choice that appears once keeps its object), with each choice's deltas concatenated once instead of once per
-    fold step (a backlog of k outputs cost O(k^2) list and string copies). None of `outs` is modified."""
+    """`outs` (in order) as one output, in one pass (each choice's deltas concatenated once, not once per output:
+    a pairwise fold over a backlog of k outputs cost O(k^2) list and string copies). Choices in order of first
+    appearance; a choice that appears once keeps its object; request_id, prompt_token_ids, finished and
+    num_cached_tokens from the last output, prompt_logprobs and queue_time the first that are set. None of `outs` is
+    modified."""
     if len(outs) == 1:
         return outs[0]
     groups: dict[int, list[CompletionOutput]] = {}  # choice index -> its outputs in order (first appearance order)
@@ -76,7 +52,8 @@ def merge_many_request_outputs(outs: list[RequestOutput]) -> RequestOutput:
 
 
 def _merge_choice_group(group: list[CompletionOutput]) -> CompletionOutput:
-    """Outputs of one choice, in order, as one (merge_choice_outputs folded over them)."""
+    """Outputs of one choice, in order, as one: text / token ids / logprobs deltas concatenated (logprobs None unless
+    some output had them), the cumulative fields, finish / stop reason and error from the last."""
     token_ids_delta: list[int] = []
     logprobs_delta = None  # None unless some output had logprobs; then all of theirs, in order
     for c in group:
@@ -93,17 +70,31 @@ def _merge_choice_group(group: list[CompletionOutput]) -> CompletionOutput:
 
 
 class RequestOutputStream:
-    """Single consumer, loop-thread only. `put` never blocks and never switches tasks; `get` returns everything put
+    """Single consumer, loop-thread only. `put` never blocks and never switches tasks; `get` returns what was put
     since the last `get` as one RequestOutput (merged once, when read: `merge_many_request_outputs`), then the
     exception put after it (if any), as asyncio.Queue's items were: returned, not raised, so the caller tells it from
-    its own cancellation."""
+    its own cancellation.
 
-    __slots__ = ("_pending", "_error", "_waiter")
+    `stream_interval` N (`--stream-interval`, tokens per streamed chunk) paces the consumer, vLLM's rule
+    (RequestState.make_request_output in vllm/v1/engine/output_processor.py): a choice is due when nothing of it was
+    returned yet (its first token goes at once: TTFT is unchanged), when it finished, or when N of its tokens
+    (`token_ids_delta`) wait. The consumer is woken only when a choice is due (or the request finished, or an error
+    came); `get` returns the due choices and keeps the others for a later `get`. With one token per step and T
+    tokens a choice comes out 1 + ceil((T - 1) / N) times, whatever the consumer's speed. N = 1: every put wakes.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_interval", "_pending", "_error", "_waiter", "_finished", "_waiting", "_returned", "_due")
+
+    def __init__(self, stream_interval: int = 1) -> None:
+        assert stream_interval >= 1, stream_interval  # the server refuses others (stream_interval_refusals)
+        self._interval = stream_interval
         self._pending: list[RequestOutput] = []
         self._error: Optional[BaseException] = None
         self._waiter: Optional[asyncio.Future] = None
+        self._finished = False  # the request's finishing output was put (N > 1: everything is due)
+        self._waiting: dict[int, int] = {}  # choice index -> its tokens put since it was last returned (N > 1)
+        self._returned: set[int] = set()  # choices returned at least once (N > 1)
+        self._due: set[int] = set()  # choices the next `get` returns (N > 1)
 
     def put(self, item: Union[RequestOutput, BaseException]) -> None:
         if isinstance(item, BaseException):
@@ -111,15 +102,29 @@ class RequestOutputStream:
                 self._error = item
         else:
             self._pending.append(item)
+            if self._interval > 1:
+                self._note(item)
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
+        if waiter is not None and not waiter.done() and self.ready():
             waiter.set_result(None)
 
-    def empty(self) -> bool:
-        return not self._pending and self._error is None
+    def _note(self, item: RequestOutput) -> None:
+        """Count `item`'s tokens per choice and mark the choices it makes due."""
+        self._finished = self._finished or item.finished
+        for c in item.outputs:
+            waiting = self._waiting.get(c.index, 0) + len(c.token_ids_delta)
+            self._waiting[c.index] = waiting
+            if c.finish_reason is not None or waiting >= self._interval or c.index not in self._returned:
+                self._due.add(c.index)
+
+    def ready(self) -> bool:
+        """Whether `get` would return at once: something is due (N = 1: anything was put) or an error came."""
+        if self._error is not None:
+            return True
+        return bool(self._pending) and (self._interval == 1 or self._finished or bool(self._due))
 
     async def get(self) -> Union[RequestOutput, BaseException]:
-        while not self._pending and self._error is None:
+        while not self.ready():
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -127,5 +132,22 @@ class RequestOutputStream:
                 self._waiter = None
         if self._pending:
             pending, self._pending = self._pending, []
-            return merge_many_request_outputs(pending)
+            merged = merge_many_request_outputs(pending)
+            if self._interval == 1 or self._error is not None or self._finished:
+                self._due = set()
+                return merged  # everything goes (N > 1: the stream ends after it)
+            return self._take_due(merged)
         return self._error  # type: ignore[return-value]
+
+    def _take_due(self, merged: RequestOutput) -> RequestOutput:
+        """`merged` with its due choices only; the others stay pending (their request-level fields went out)."""
+        due, self._due = self._due, set()
+        self._returned |= due
+        for index in due:
+            self._waiting[index] = 0
+        held = [c for c in merged.outputs if c.index not in due]
+        if not held:
+            return merged
+        self._pending = [RequestOutput(request_id=merged.request_id, prompt_token_ids=merged.prompt_token_ids,
+                                       outputs=held, num_cached_tokens=merged.num_cached_tokens)]
+        return dataclasses.replace(merged, outputs=[c for c in merged.outputs if c.index in due])

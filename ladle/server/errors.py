@@ -3,6 +3,11 @@
 Body: {"error": {"message", "type", "param", "code"}} (OpenAI's shape; vLLM uses the same), `type` a name ending in
 "Error", rendered by one serializer (`error_json`) whether a handler or ladle.server.api's ASGI middleware (401,
 413, last-resort 500) answers. FastAPI's 422 for request validation is replaced by 400 with this body.
+
+A body FastAPI did not read as JSON (a Content-Type other than application/json or a `+json` type, or none: FastAPI's
+`strict_content_type`) is a 400 that says to send the header, not pydantic's "Input should be a valid dictionary".
+It is not read as JSON anyway: OpenAI's API and vLLM's server refuse it too, and a browser sends a cross-site POST
+with text/plain, form or no Content-Type without a CORS preflight, so a web page could drive a local server.
 """
 
 from __future__ import annotations
@@ -111,9 +116,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     return "; ".join(parts) or "invalid request", param
 
 
+def _body_not_json(exc: RequestValidationError) -> bool:
+    """Whether FastAPI validated the body as raw bytes: it did not read it as JSON (its Content-Type)."""
+    return any(tuple(err.get("loc", ())) == ("body",) and isinstance(err.get("input"), (bytes, bytearray))
+               for err in exc.errors())
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if _body_not_json(exc):
+            given = request.headers.get("content-type")
+            told = f"this request's Content-Type is {given[:80]!r}" if given else "this request has no Content-Type"
+            return error_response(f"the request body must be JSON sent with the header Content-Type: "
+                                  f"application/json ({told})", 400)
         message, param = _validation_message(exc)
         return error_response(message, 400, param)
 

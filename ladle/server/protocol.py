@@ -23,7 +23,8 @@ Response shapes follow OpenAI's published schema (github.com/openai/openai-opena
 CreateChatCompletionResponse, ChatCompletionResponseMessage, CreateChatCompletionStreamResponse,
 CreateCompletionResponse): required-but-nullable fields are always present (`message.refusal`, `choices[].logprobs`,
 `logprobs.refusal`); `system_fingerprint` (a string where present) is left out, ladle has none to give.
-`reasoning_content` and `stop_reason` are vLLM's additions.
+`reasoning_content` and `stop_reason` are vLLM's additions. Stream chunks have no models here: they are plain dicts
+(ladle/server/stream_chunks.py; the chat delta's fields: serving_chat._DELTA_FIELDS).
 """
 
 from __future__ import annotations
@@ -146,23 +147,6 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo
 
 
-class CompletionStreamChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = None
-
-
-class CompletionStreamResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionStreamChoice]
-    usage: Optional[UsageInfo] = None
-
-
 # ---------------------------------------------------------------------------------------------- chat
 class ChatMessage(OpenAIModel):
     role: str
@@ -227,30 +211,6 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
-
-
-class DeltaMessage(BaseModel):
-    role: Optional[str] = None
-    content: Optional[str] = None
-    reasoning_content: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None
-
-
-class ChatCompletionStreamChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: Optional[ChatChoiceLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = None
-
-
-class ChatCompletionStreamResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionStreamChoice]
-    usage: Optional[UsageInfo] = None
 
 
 # ---------------------------------------------------------------------------------------------- models, tokenize

@@ -28,7 +28,7 @@ from ladle.server.protocol import (ChatChoiceLogprobs, ChatCompletionRequest, Ch
 from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingContext, clamp_logprob, collect_runs,
                                          include_usage, make_sampling_params, make_usage, merge_runs, prepare,
                                          resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
-from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
+from ladle.server.stream_chunks import SSE_DONE, SSEFrame
 from ladle.server.validation import check_logprobs_count, check_sampling_fields, check_template_kwargs
 
 logger = logging.getLogger("ladle.server")
@@ -42,7 +42,8 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
     """Messages as plain dicts for the template; a role outside CHAT_ROLES is a 400; list content keeps only its
-    text parts (400 otherwise)."""
+    text parts (400 otherwise); null (or missing) content is a 400 except in an assistant message with tool_calls
+    (rendered as "")."""
     if not req.messages:
         raise OpenAIError("messages must contain at least one message", 400, "messages")
     out = []
@@ -67,6 +68,9 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
                 texts.append(part["text"])
             d["content"] = "".join(texts)
         elif m.content is None:
+            if m.role != "assistant" or not m.tool_calls:  # OpenAI's rule: content may be null only beside tool_calls
+                raise OpenAIError(f"messages[{i}].content is required in a {m.role} message (null only in an "
+                                  f"assistant message with tool_calls)", 400, f"messages[{i}].content")
             d["content"] = ""
         out.append(d)
     return out
@@ -118,17 +122,19 @@ def _chat_logprobs(ctx: ServingContext, token_ids: list[int], entries: Optional[
     return out
 
 
-_DELTA_FIELDS = ("role", "content", "reasoning_content", "tool_calls")  # protocol.DeltaMessage's
+# The fields of a chat chunk's `delta` (OpenAI's ChatCompletionStreamResponseDelta, with vLLM's reasoning_content):
+# a parser's delta body keeps these, those that are set.
+_DELTA_FIELDS = ("role", "content", "reasoning_content", "tool_calls")
 
 
 def _delta(body: dict[str, Any]) -> dict[str, Any]:
-    """A parser's delta body as the chunk's `delta`: DeltaMessage's fields, those that are set."""
+    """A parser's delta body as the chunk's `delta`: the _DELTA_FIELDS that are set."""
     return {k: v for k, v in body.items() if v is not None and k in _DELTA_FIELDS}
 
 
 def _stream_choice(index: int, delta: dict[str, Any], logprobs: Optional[dict] = None,
                    finish_reason: Optional[str] = None, stop_reason: Optional[object] = None) -> dict[str, Any]:
-    """protocol.ChatCompletionStreamChoice's fields as a plain dict."""
+    """A chat chunk's choice as a plain dict (OpenAI's stream choice, with vLLM's stop_reason)."""
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
             "stop_reason": stop_reason}
 
@@ -206,11 +212,10 @@ class ChatHandler:
 
     # ------------------------------------------------------------------------------------ streaming
     def _stream(self, req: ChatCompletionRequest, run: PromptRun, outputs: ChatOutputs) -> AsyncIterator[bytes]:
-        """Per choice a role chunk, then one chunk per delta body of each output (or per --stream-interval tokens):
-        plain dicts, encoded once."""
+        """Per choice a role chunk, then one chunk per delta body of each output (the engine client paces outputs
+        by --stream-interval): plain dicts, encoded once."""
         ctx = self.ctx
         frame = SSEFrame(random_id("chatcmpl"), "chat.completion.chunk", ctx.model_name)
-        pacer = StreamPacer(ctx.limits.stream_interval)
         top = req.top_logprobs or 0
 
         def usage_chunk() -> Optional[bytes]:
@@ -221,9 +226,6 @@ class ChatHandler:
                 yield frame.choice(_stream_choice(i, {"role": "assistant", "content": ""}))
             async for _run, out in merge_runs([run]):
                 for c in out.outputs:
-                    c = pacer.take(c.index, c)
-                    if c is None:
-                        continue
                     logprobs = None
                     if req.logprobs:
                         logprobs = {"content": _chat_logprobs(ctx, c.token_ids_delta, c.logprobs_delta, top),

@@ -229,7 +229,8 @@ async def start_runs(ctx: ServingContext, raw: Optional[Request], runs: list[Pro
     if not ctx.engine.is_healthy():
         raise OpenAIError("the engine is not running", 503)
     for run in runs:
-        run.agen = ctx.engine.generate(run.prompt_ids, run.params, request_id=run.request_id)
+        run.agen = ctx.engine.generate(run.prompt_ids, run.params, request_id=run.request_id,
+                                       stream_interval=ctx.limits.stream_interval)
 
     async def first(run: PromptRun) -> None:
         try:

@@ -20,7 +20,7 @@ from ladle.server.protocol import (CompletionLogprobs, CompletionRequest, Comple
 from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingContext, clamp_logprob, collect_runs,
                                          include_usage, make_sampling_params, make_usage, merge_runs, prepare,
                                          resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
-from ladle.server.stream_chunks import SSE_DONE, SSEFrame, StreamPacer
+from ladle.server.stream_chunks import SSE_DONE, SSEFrame
 from ladle.server.validation import check_logprobs_count, check_sampling_fields
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
@@ -152,10 +152,10 @@ class CompletionHandler:
 
     # ------------------------------------------------------------------------------------ streaming
     def _stream(self, req: CompletionRequest, runs: list[PromptRun]) -> AsyncIterator[bytes]:
-        """One chunk per choice output (or per --stream-interval tokens): a plain dict, encoded once."""
+        """One chunk per choice output (the engine client paces outputs by --stream-interval): a plain dict, encoded
+        once."""
         ctx = self.ctx
         frame = SSEFrame(random_id("cmpl"), "text_completion", ctx.model_name)
-        pacer = StreamPacer(ctx.limits.stream_interval)
         offsets: dict[int, int] = {}  # choice index -> text offset (logprobs)
         n, k, echo = req.n, req.logprobs, req.echo
 
@@ -165,9 +165,6 @@ class CompletionHandler:
         async def chunks() -> AsyncIterator[bytes]:
             async for run, out in merge_runs(runs):
                 for c in out.outputs:
-                    c = pacer.take((run.index, c.index), c)
-                    if c is None:
-                        continue
                     index = run.index * n + c.index
                     text, logprobs = c.text_delta, None
                     first = index not in offsets

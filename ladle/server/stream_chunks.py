@@ -1,8 +1,11 @@
-"""The bytes of a streamed response (SSE), without a pydantic model per chunk, and `--stream-interval`'s pacing.
+"""The bytes of a streamed response (SSE), without a pydantic model per chunk, and `--stream-interval`'s check
+(the pacing itself: ladle/engine/output_stream.py, where the engine client feeds each request's outputs).
 
-Each chunk is a plain dict with exactly the fields the protocol's stream models have (protocol.py:
-CompletionStreamResponse, ChatCompletionStreamResponse; tests/server/test_stream_golden.py holds the JSON to the one
-those models wrote), encoded once with msgspec into a frame whose shared fields were encoded when the response began.
+Each chunk is a plain dict with the fields of OpenAI's stream chunks (CreateCompletionResponse's choice /
+CreateChatCompletionStreamResponse's, plus vLLM's `stop_reason` and `reasoning_content`; the chat choice:
+serving_chat._stream_choice, its delta's fields: serving_chat._DELTA_FIELDS), encoded once with msgspec into a frame
+whose shared fields were encoded when the response began. tests/server/test_stream_golden.py holds the JSON to what
+the pydantic stream models it replaced wrote; tests/server/test_openai_schema.py to OpenAI's schema.
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ from typing import Any, Optional
 
 import msgspec
 
-from ladle.engine.client import CompletionOutput
-from ladle.engine.output_stream import merge_choice_outputs
 from ladle.server.protocol import UsageInfo
 
 json_encode = msgspec.json.encode  # UTF-8 JSON bytes, non-ASCII kept as is (json.dumps(ensure_ascii=False))
@@ -27,8 +28,8 @@ def sse(obj: Any) -> bytes:
 
 class SSEFrame:
     """The events of one streamed response, without a pydantic model per chunk: the fields every chunk shares
-    (`id`, `object`, `created`, `model`) are encoded once; each chunk encodes only its choice (a plain dict with the
-    fields of protocol.CompletionStreamChoice / ChatCompletionStreamChoice) or its usage.
+    (`id`, `object`, `created`, `model`) are encoded once; each chunk encodes only its choice (a plain dict:
+    index, text or delta, logprobs, finish_reason, stop_reason) or its usage.
 
     `object`: "text_completion" or "chat.completion.chunk". `created`: seconds since the epoch (one per response,
     as OpenAI's and vLLM's chunks carry).
@@ -46,34 +47,6 @@ class SSEFrame:
     def usage(self, usage: UsageInfo) -> bytes:
         """The usage chunk: no choices, `usage` set."""
         return self._open + b'],"usage":' + json_encode(usage.model_dump()) + b"}\n\n"
-
-
-class StreamPacer:
-    """`--stream-interval N`: which choice outputs become a chunk now; the others are held and merged into the next.
-
-    vLLM's rule (RequestState.make_request_output in vllm/v1/engine/output_processor.py): a choice's output is sent
-    when it finishes, when nothing of the choice was sent yet (the first token goes at once: TTFT is unchanged), or
-    when at least N tokens arrived since the last send. With N tokens per output that is every output; with one
-    token per step and T tokens, 1 + ceil((T - 1) / N) chunks. N = 1 passes every output through.
-    """
-
-    def __init__(self, interval: int):
-        self.interval = interval
-        self._held: dict[Any, CompletionOutput] = {}
-        self._sent: set = set()
-
-    def take(self, key: Any, c: CompletionOutput) -> Optional[CompletionOutput]:
-        """Choice `key`'s new output -> what to send now (merged with what was held), or None (held)."""
-        if self.interval == 1:
-            return c
-        held = self._held.pop(key, None)
-        if held is not None:
-            c = merge_choice_outputs(held, c)
-        if c.finish_reason is not None or key not in self._sent or len(c.token_ids_delta) >= self.interval:
-            self._sent.add(key)
-            return c
-        self._held[key] = c
-        return None
 
 
 def stream_interval_refusals(stream_interval: Any) -> list[str]:

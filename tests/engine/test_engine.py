@@ -180,3 +180,16 @@ def test_memory_profile_dummy_step_runs(model):
     scratch = runner._dummy_step(150)  # 3 sequences of <= max_model_len
     per_block = sum(s.bytes_per_token(4) for s in runner.kv_cache_specs) * runner.block_size
     assert scratch == (1 + 4 + 4 + 2) * per_block
+
+
+def test_cuda_only_arguments_on_cpu_are_refused_as_the_cli_refuses_their_flags():
+    """`LLM(gpu_memory_utilization=..., device="cpu")` was accepted and then sized nothing (null in /version)."""
+    with pytest.raises(ValueError, match="gpu_memory_utilization: applies on CUDA only, and this run is on CPU; on "
+                                         "CPU the KV cache takes kv_cache_memory_bytes") as refused:
+        LLM(gpu_memory_utilization=0.5, device="cpu")
+    assert isinstance(refused.value, ConfigError) and "--" not in str(refused.value)  # the keywords, not the flags
+    with pytest.raises(ValueError, match="cuda_graph_sizes: applies on CUDA only"):
+        LLM(cuda_graph_sizes=(1, 8), device="cpu")
+    if not torch.cuda.is_available():  # auto resolves to CPU here
+        with pytest.raises(ValueError, match="gpu_memory_utilization: applies on CUDA only"):
+            LLM(gpu_memory_utilization=0.5)

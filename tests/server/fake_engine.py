@@ -19,6 +19,7 @@ from ladle.config import EngineConfig, ModelConfig
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import (CompletionOutput, EngineClient, EngineError, EngineStats, RequestOutput,
                                  RequestRejected)
+from ladle.engine.output_stream import RequestOutputStream
 
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 IM_START, IM_END = 256, 257
@@ -166,7 +167,9 @@ class FakeEngineClient(EngineClient):
         self.stats = EngineStats(num_total_blocks=num_blocks)
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+                       request_id: Optional[str] = None, stream_interval: int = 1) -> AsyncIterator[RequestOutput]:
+        """Each step's output goes through a RequestOutputStream as the real clients' do (so --stream-interval paces
+        it there); the stream is read right after each put, in this task: a consumer that always keeps up."""
         if not self.healthy:
             raise EngineError("engine loop is dead")
         p = sampling_params
@@ -183,6 +186,7 @@ class FakeEngineClient(EngineClient):
         prompt_lps = None
         if p.prompt_logprobs is not None:
             prompt_lps = [None] + [[(t, -1.0, 1)] for t in prompt_token_ids[1:]]
+        stream = RequestOutputStream(stream_interval)
         try:
             first = True
             while True:
@@ -199,9 +203,11 @@ class FakeEngineClient(EngineClient):
                                                                                for o in outs)
                 if done:
                     self.running.pop(rid, None)
-                yield RequestOutput(request_id=rid, prompt_token_ids=list(prompt_token_ids), outputs=outs,
-                                    finished=done, num_cached_tokens=0, queue_time=0.001 if first else None,
-                                    prompt_logprobs=prompt_lps if first else None)
+                stream.put(RequestOutput(request_id=rid, prompt_token_ids=list(prompt_token_ids), outputs=outs,
+                                         finished=done, num_cached_tokens=0, queue_time=0.001 if first else None,
+                                         prompt_logprobs=prompt_lps if first else None))
+                if stream.ready():
+                    yield await stream.get()  # at once: ready
                 first = False
                 if done:
                     return

@@ -70,6 +70,10 @@ BAD = [
     (CHAT, {"messages": _user("\udc00")}, "messages[0].content"),
     (CHAT, {"messages": _user([[{"type": "text", "text": "x"}]])}, "messages[0].content"),
     (CHAT, {"messages": _user([{"type": "image_url", "image_url": {"url": "x"}}])}, "messages[0].content[0].type"),
+    (CHAT, {"messages": _user(None)}, "messages[0].content"),  # OpenAI: content is required
+    (CHAT, {"messages": [{"role": "system"}] + _user("hi")}, "messages[0].content"),
+    (CHAT, {"messages": _user("hi") + [{"role": "assistant", "content": None}]}, "messages[1].content"),
+    (CHAT, {"messages": _user("hi") + [{"role": "tool", "content": None, "tool_call_id": "c"}]}, "messages[1].content"),
     (CHAT, {"messages": _user("hi"), "tools": [{"type": "function", "function": {"name": "\ud800"}}]},
      "tools[0].function.name"),
     (CHAT, {"messages": _user("hi"), "chat_template_kwargs": {"x": "\ud800"}}, "chat_template_kwargs.x"),
@@ -79,6 +83,7 @@ BAD = [
     (CHAT, {"messages": _user("hi"), "n": 129}, "n"),
     ("/tokenize", {"prompt": "\ud800"}, "prompt"),
     ("/tokenize", {"messages": _user("\ud800")}, "messages[0].content"),
+    ("/tokenize", {"messages": _user(None)}, "messages[0].content"),
     ("/detokenize", {"tokens": [2 ** 70]}, "tokens"),
     ("/detokenize", {"tokens": [-1]}, "tokens"),
 ]
@@ -91,6 +96,28 @@ def test_bad_input_is_400_naming_the_field(server, path, body, param):
         # The same keep-alive client goes on: the next request is served normally.
         r = _post(c, "/v1/completions", {"prompt": "ok", "max_tokens": 2})
         assert r.status_code == 200, r.text
+
+
+def test_assistant_content_may_be_null_beside_tool_calls(fake_server):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = _user("hi") + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                              {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    with fake_server.client() as c:
+        r = _post(c, CHAT, {"messages": messages, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_400_naming_the_header(server, content_type):
+    """`curl -d` without `-H 'Content-Type: application/json'` sends a form type: the answer says what to send."""
+    body = json.dumps({"prompt": "ok", "max_tokens": 2}).encode()
+    with server.client() as c:
+        r = c.post("/v1/completions", content=body, headers={"content-type": content_type} if content_type else {})
+        err = _assert_error(r, 400)
+        assert "must be JSON sent with the header Content-Type: application/json" in err["message"], err
+        assert (content_type or "has no Content-Type") in err["message"] and "valid dictionary" not in err["message"]
+        ok = c.post("/v1/completions", content=body, headers={"content-type": "application/json; charset=utf-8"})
+        assert ok.status_code == 200, ok.text
 
 
 def test_tiny_temperature_is_raised_to_the_floor(fake_server):

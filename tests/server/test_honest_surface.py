@@ -123,9 +123,9 @@ class _CountingEngine(FakeEngineClient):
         super().__init__()
         self.submitted = 0
 
-    def generate(self, prompt_token_ids, sampling_params, request_id=None):
+    def generate(self, prompt_token_ids, sampling_params, request_id=None, stream_interval=1):
         self.submitted += 1
-        return super().generate(prompt_token_ids, sampling_params, request_id)
+        return super().generate(prompt_token_ids, sampling_params, request_id, stream_interval)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from ladle.engine import core_messages as msg
 from ladle.engine.client import CompletionOutput, EngineError, RequestOutput
 from ladle.engine.core_client import CoreProcessEngine
 from ladle.engine.output_processor import OutputProcessor
-from ladle.engine.output_stream import RequestOutputStream, merge_request_outputs
+from ladle.engine.output_stream import RequestOutputStream, merge_many_request_outputs
 
 
 class DetokTokenizer(FakeTokenizer):
@@ -73,7 +73,7 @@ def test_lagging_consumer_reads_one_merged_output():
         for i in range(1, len(ids) - 1):  # the consumer does not read: these pile up in its stream
             engine._handle(_step("r", ids[i:i + 1]))
         engine._handle(_step("r", ids[-1:], finish="length"))
-        assert engine._streams["r"].empty() is False
+        assert engine._streams["r"].ready() is True
         out2 = await agen.__anext__()
         with pytest.raises(StopAsyncIteration):
             await agen.__anext__()
@@ -88,6 +88,34 @@ def test_lagging_consumer_reads_one_merged_output():
     assert [e[0][0] for e in c.logprobs_delta] == ids[1:] and len(c.logprobs) == len(ids)
 
 
+def test_consumer_is_woken_once_per_interval():
+    """The engine client's stream wakes the consumer on the first token, then once per 4 tokens, then on the finish:
+    10 one-token steps are 4 outputs, though the consumer waits after every step (interval 1: 10 wake-ups)."""
+    text = "abcdefghij"
+
+    async def scenario(interval: int) -> list:
+        engine = _engine()
+        engine._reader = asyncio.get_running_loop().create_future()  # no socket reader: the test feeds _handle
+        params = SamplingParams(max_tokens=len(text), temperature=0.0)
+        got: list = []
+
+        async def consume():
+            async for out in engine.generate([72, 105], params, request_id="r", stream_interval=interval):
+                got.append(out.outputs[0].text_delta)
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0)
+        engine._handle(msg.AddAck("r"))
+        for i, ch in enumerate(text.encode()):
+            await asyncio.sleep(0)  # the consumer runs whenever it was woken
+            engine._handle(_step("r", [ch], finish="length" if i == len(text) - 1 else None))
+        await task
+        return got
+
+    assert asyncio.run(scenario(4)) == ["a", "bcde", "fghi", "j"]
+    assert asyncio.run(scenario(1)) == list(text)
+
+
 def test_stream_merges_keeps_inputs_and_raises_after_outputs():
     a = RequestOutput("r", [1], [
         CompletionOutput(0, text_delta="a", token_ids_delta=[1]),
@@ -97,7 +125,7 @@ def test_stream_merges_keeps_inputs_and_raises_after_outputs():
         CompletionOutput(1, text_delta="y", token_ids_delta=[8], logprobs_delta=[[(8, -2.0, 1)]], finish_reason="stop",
                          stop_reason=8, text="xy", token_ids=[9, 8]),
         CompletionOutput(2, text_delta="q", token_ids_delta=[5])], finished=False)
-    m = merge_request_outputs(a, b)
+    m = merge_many_request_outputs([a, b])
     assert [(c.index, c.text_delta, c.token_ids_delta) for c in m.outputs] == [(0, "a", [1]), (1, "xy", [9, 8]),
                                                                                (2, "q", [5])]
     assert m.outputs[1].logprobs_delta == [[(9, -1.0, 1)], [(8, -2.0, 1)]] and m.outputs[1].finish_reason == "stop"
@@ -143,14 +171,35 @@ def test_a_consumer_cancelled_while_waiting_aborts_its_request():
     assert isinstance(sent[-1], msg.AbortRequests) and sent[-1].child_ids == ["r"]
 
 
+def _merge_pair(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """The reference: `a` followed by `b` as one output, one choice at a time (merge_many_request_outputs does a
+    backlog in one pass)."""
+    outputs, where = list(a.outputs), {c.index: i for i, c in enumerate(a.outputs)}
+    for c in b.outputs:
+        i = where.get(c.index)
+        if i is None:
+            where[c.index] = len(outputs)
+            outputs.append(c)
+            continue
+        p = outputs[i]
+        lps = p.logprobs_delta if c.logprobs_delta is None else (p.logprobs_delta or []) + c.logprobs_delta
+        outputs[i] = CompletionOutput(index=p.index, text=c.text, token_ids=c.token_ids,
+                                      text_delta=p.text_delta + c.text_delta,
+                                      token_ids_delta=p.token_ids_delta + c.token_ids_delta, logprobs=c.logprobs,
+                                      logprobs_delta=lps, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                      error=c.error)
+    return RequestOutput(request_id=b.request_id, prompt_token_ids=b.prompt_token_ids, outputs=outputs,
+                         finished=b.finished, num_cached_tokens=b.num_cached_tokens,
+                         prompt_logprobs=a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
+                         queue_time=a.queue_time if a.queue_time is not None else b.queue_time)
+
+
 def test_backlog_merged_once_equals_pairwise_merges():
-    """merge_many_request_outputs (what `get` returns for a backlog) is the fold of merge_request_outputs, on random
-    outputs: choices appearing and finishing at random, logprobs on some outputs only, prompt logprobs / queue time
-    arriving late."""
+    """merge_many_request_outputs (what `get` returns for a backlog) is the fold of the pairwise reference merge, on
+    random outputs: choices appearing and finishing at random, logprobs on some outputs only, prompt logprobs /
+    queue time arriving late."""
     import functools
     import random
-
-    from ladle.engine.output_stream import merge_many_request_outputs
 
     rng = random.Random(2026)
 
@@ -173,4 +222,4 @@ def test_backlog_merged_once_equals_pairwise_merges():
                               prompt_logprobs=rng.choice([None, [None, [(1, -rng.random(), 1)]]]),
                               queue_time=rng.choice([None, rng.random()]))
                 for _ in range(rng.randrange(1, 8))]
-        assert merge_many_request_outputs(outs) == functools.reduce(merge_request_outputs, outs)
+        assert merge_many_request_outputs(outs) == functools.reduce(_merge_pair, outs)

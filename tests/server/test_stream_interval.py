@@ -1,9 +1,11 @@
 """`--stream-interval N` (ServerConfig.stream_interval): a choice's first token and its finishing output go at once,
 the others once N tokens arrived (vLLM's rule), so with one token per step and T tokens a choice streams
-1 + ceil((T - 1) / N) chunks; the text, logprobs, tool calls and finish reason add up to the same as with N = 1."""
+1 + ceil((T - 1) / N) chunks; the text, logprobs, tool calls and finish reason add up to the same as with N = 1.
+The pacing is the request's RequestOutputStream's (the engine client wakes the consumer once per N tokens)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -12,9 +14,9 @@ import golden_streams
 from fake_engine import FakeEngineClient
 from golden_streams import CASES, collect, load_golden
 from ladle.config import ServerConfig
-from ladle.engine.client import CompletionOutput
+from ladle.engine.client import CompletionOutput, RequestOutput
+from ladle.engine.output_stream import RequestOutputStream
 from ladle.server.serving_common import ServingContext
-from ladle.server.stream_chunks import StreamPacer
 
 SCRIPT = "Ladle streams tokens!"  # ASCII: one token per character, every output has text
 
@@ -71,12 +73,26 @@ def test_interval_4_adds_up_to_the_same_response(name):
         assert sum(map(len, got.values())) < sum(map(len, want.values()))  # fewer chunks
 
 
-def test_pacer_merges_held_outputs():
-    pacer = StreamPacer(3)
+def _paced(interval: int, outs: list[RequestOutput]) -> list[RequestOutput]:
+    """What a consumer reads from a RequestOutputStream(interval) that it reads whenever `get` would not wait."""
+
+    async def scenario():
+        stream, got = RequestOutputStream(interval), []
+        for out in outs:
+            stream.put(out)
+            if stream.ready():
+                got.append(await stream.get())
+        return got
+
+    return asyncio.run(scenario())
+
+
+def test_stream_merges_held_outputs():
     outs = [CompletionOutput(index=0, text_delta=c, token_ids_delta=[i], logprobs_delta=[[(i, -0.5, 1)]])
             for i, c in enumerate("abcdef")]
     outs[-1].finish_reason, outs[-1].text = "length", "abcdef"
-    sent = [x for x in (pacer.take(0, o) for o in outs) if x is not None]
+    got = _paced(3, [RequestOutput("r", [1], [o], finished=o.finish_reason is not None) for o in outs])
+    sent = [x for out in got for x in out.outputs]
     assert [(x.text_delta, x.token_ids_delta) for x in sent] == [("a", [0]), ("bcd", [1, 2, 3]), ("ef", [4, 5])]
     assert [len(x.logprobs_delta) for x in sent] == [1, 3, 2] and sent[-1].text == "abcdef"
     assert [x.finish_reason for x in sent] == [None, None, "length"] and outs[1].text_delta == "b"  # inputs untouched
@@ -86,3 +102,18 @@ def test_pacer_merges_held_outputs():
 def test_interval_below_1_is_refused(bad):
     with pytest.raises(ValueError, match=f"--stream-interval {bad}: tokens per streamed chunk must be an integer >= 1"):
         ServingContext(FakeEngineClient(), None, limits=ServerConfig(stream_interval=bad))
+
+
+def test_choices_are_paced_each_on_its_own():
+    """n = 2: a choice that finishes goes at once, without the other choice's held tokens; those wait for theirs."""
+
+    def out(tokens: dict, finished: bool = False) -> RequestOutput:
+        return RequestOutput("r", [1], [CompletionOutput(index=i, text_delta=t, token_ids_delta=[0] * len(t),
+                                                         finish_reason="stop" if f else None)
+                                        for i, (t, f) in tokens.items()], finished=finished)
+
+    got = _paced(3, [out({0: ("a", 0), 1: ("x", 0)}), out({0: ("b", 0), 1: ("y", 1)}), out({0: ("c", 0)}),
+                     out({0: ("d", 0)}), out({0: ("e", 0)}), out({0: ("f", 1)}, finished=True)])
+    assert [[(c.index, c.text_delta) for c in o.outputs] for o in got] == [
+        [(0, "a"), (1, "x")], [(1, "y")], [(0, "bcd")], [(0, "ef")]]
+    assert [o.finished for o in got] == [False, False, False, True]
