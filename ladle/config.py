@@ -172,7 +172,8 @@ class ServerConfig:
         "default when a request has `tools`); needs --tool-call-parser")
     stream_interval: int = _f(1, "--stream-interval",
                               "tokens per streamed chunk (SSE event) of each choice: a choice's first token and its "
-                              "last chunk go at once, the others once this many tokens arrived (vLLM's flag)")
+                              "last chunk go at once, the others once this many tokens arrived (vLLM's flag); above "
+                              "1 the /metrics inter-token latency spreads each chunk's gap evenly over its tokens")
     disable_log_stats: bool = _f(False, "--disable-log-stats",
                                  "do not log the periodic stats line (throughput, queue, KV usage) while serving")
     log_stats_interval: float = 10.0  # seconds between stats lines (vLLM's VLLM_LOG_STATS_INTERVAL default)
@@ -210,10 +211,11 @@ def env_flag(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
-def format_refusals(refusals: list[str]) -> str:
-    """The one message for the refused settings of a command line: one refusal as is; several as a header line and
-    one indented line each (each line names the flag, the value and what ladle offers instead)."""
+def format_refusals(refusals: list[str], source: str = "command line") -> str:
+    """The one message for refused settings: one refusal as is; several as a header line naming their `source`
+    ("command line", or "LLM(...) call" for the Python API) and one indented line each (each line names the
+    setting, the value and what ladle offers instead)."""
     if len(refusals) == 1:
         return refusals[0]
-    return "\n".join([f"{len(refusals)} settings of this command line are refused (nothing was loaded; fix them all "
+    return "\n".join([f"{len(refusals)} settings of this {source} are refused (nothing was loaded; fix them all "
                       "and run again):"] + [f"  {r}" for r in refusals])

@@ -115,7 +115,7 @@ class EngineClient(abc.ABC):
 
         stream_interval: tokens per yielded output of a choice (`--stream-interval`): a choice's first output and
         its finishing one come at once, the others once that many tokens arrived (output_stream.RequestOutputStream,
-        which every implementation feeds); 1 yields every step's output.
+        which every implementation feeds); 1 wakes the consumer on every step (a lagging one gets the steps merged).
 
         Raises RequestRejected (before the first yield) when the request can never fit, EngineError when the
         engine is dead. Cancelling the iterator (client disconnect) aborts every choice and frees its blocks

@@ -43,9 +43,9 @@ class ConfigError(ValueError):
     """Engine settings that cannot work with this model or machine: one or more refusals, each a line that names
     the flag, the value and what ladle offers instead. `str()` is the one refusal, or a header and one per line."""
 
-    def __init__(self, *refusals: str):
+    def __init__(self, *refusals: str, source: str = "command line"):
         self.refusals = list(refusals)
-        super().__init__(format_refusals(self.refusals))
+        super().__init__(format_refusals(self.refusals, source))
 
 
 def _hub_cache_dir() -> str:

@@ -56,7 +56,7 @@ def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> Engine
         parts[owner[0]][key] = value
     config = EngineConfig(**{name: COMPONENTS[name](**values) for name, values in parts.items()})
     if refusals := cuda_only_refusals(kwargs, config.model.device):
-        raise ConfigError(*refusals)
+        raise ConfigError(*refusals, source="LLM(...) call")
     return config
 
 

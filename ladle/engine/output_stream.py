@@ -80,7 +80,8 @@ class RequestOutputStream:
     returned yet (its first token goes at once: TTFT is unchanged), when it finished, or when N of its tokens
     (`token_ids_delta`) wait. The consumer is woken only when a choice is due (or the request finished, or an error
     came); `get` returns the due choices and keeps the others for a later `get`. With one token per step and T
-    tokens a choice comes out 1 + ceil((T - 1) / N) times, whatever the consumer's speed. N = 1: every put wakes.
+    tokens a choice comes out at most 1 + ceil((T - 1) / N) times (exactly, for a consumer that keeps up; a lagging
+    one reads fewer, merged outputs). N = 1: every put wakes.
     """
 
     __slots__ = ("_interval", "_pending", "_error", "_waiter", "_finished", "_waiting", "_returned", "_due")

@@ -180,13 +180,17 @@ class PromptRun:
     prompt_logprobs: Optional[list] = None
     num_cached_tokens: int = 0
     finished: bool = False
+    choice_tokens: dict[int, int] = field(default_factory=dict)  # choice index -> its output tokens so far
 
     def absorb(self, out: RequestOutput) -> None:
-        """Fold one RequestOutput in (latest cumulative state per choice; timers)."""
-        num_new = 0  # tokens per sequence this step: the n choices decode side by side, so ITL/TPOT are per sequence
+        """Fold one RequestOutput in (latest cumulative state per choice; timers). The n choices decode side by
+        side, so ITL/TPOT count tokens per sequence: the longest choice's count. Choices paced apart by
+        --stream-interval (one held while another finished) arrive in different outputs, so the count is taken
+        per choice, not as the largest delta of each output."""
         for c in out.outputs:
             self.choices[c.index] = c
-            num_new = max(num_new, len(c.token_ids_delta))
+            self.choice_tokens[c.index] = self.choice_tokens.get(c.index, 0) + len(c.token_ids_delta)
+        num_new = max(self.choice_tokens.values(), default=0) - self.timer.num_tokens
         if out.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = out.prompt_logprobs
         self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)

@@ -190,6 +190,9 @@ def test_cuda_only_arguments_on_cpu_are_refused_as_the_cli_refuses_their_flags()
     assert isinstance(refused.value, ConfigError) and "--" not in str(refused.value)  # the keywords, not the flags
     with pytest.raises(ValueError, match="cuda_graph_sizes: applies on CUDA only"):
         LLM(cuda_graph_sizes=(1, 8), device="cpu")
+    with pytest.raises(ValueError) as both:  # the header names the Python call, not a command line
+        LLM(gpu_memory_utilization=0.5, cuda_graph_sizes=(1, 8), device="cpu")
+    assert str(both.value).startswith("2 settings of this LLM(...) call are refused")
     if not torch.cuda.is_available():  # auto resolves to CPU here
         with pytest.raises(ValueError, match="gpu_memory_utilization: applies on CUDA only"):
             LLM(gpu_memory_utilization=0.5)

@@ -117,3 +117,26 @@ def test_choices_are_paced_each_on_its_own():
     assert [[(c.index, c.text_delta) for c in o.outputs] for o in got] == [
         [(0, "a"), (1, "x")], [(1, "y")], [(0, "bcd")], [(0, "ef")]]
     assert [o.finished for o in got] == [False, False, False, True]
+
+
+def test_paced_choices_count_each_sequence_once_in_the_latency_timer():
+    """The paced outputs of the test above (6 steps; choice 1 stops at step 2, choice 0 is held around it) give the
+    request timer 6 tokens per sequence, as unpaced outputs do. Taking each output's largest delta counted 7:
+    choice 1's finish and choice 0's held tokens arrive in different outputs for the same steps."""
+    from ladle.core.sampling_params import SamplingParams
+    from ladle.server.metrics import RequestTimer
+    from ladle.server.serving_common import PromptRun
+
+    def out(tokens: dict, finished: bool = False) -> RequestOutput:
+        return RequestOutput("r", [1], [CompletionOutput(index=i, text_delta=t, token_ids_delta=[0] * len(t),
+                                                         finish_reason="stop" if f else None)
+                                        for i, (t, f) in tokens.items()], finished=finished)
+
+    steps = [out({0: ("a", 0), 1: ("x", 0)}), out({0: ("b", 0), 1: ("y", 1)}), out({0: ("c", 0)}),
+             out({0: ("d", 0)}), out({0: ("e", 0)}), out({0: ("f", 1)}, finished=True)]
+    for interval in (1, 3):
+        run = PromptRun(index=0, prompt_ids=[1], prompt_text="", params=SamplingParams(n=2),
+                        timer=RequestTimer(None))
+        for o in _paced(interval, steps):
+            run.absorb(o)
+        assert run.timer.num_tokens == 6 and run.finished, interval
