@@ -22,19 +22,30 @@ with time.perf_counter hooks wrapped around the engine's own calls (nothing in l
   overhead      engine bookkeeping: schedule + prepare + sample_prep + runner_other + update + output + other
   host          total - d2h: on CUDA, the CPU time of the step (launches included) outside the wait for the GPU
 
+A step runs from one `EngineCore.step` call to the next, so it includes the driving loop's work on its outputs:
+by default this script's streaming loop (every step's outputs through a streaming-mode OutputProcessor, as the
+servers do); with --offline the tree's own `LLM._run` and the processor its LLM builds (final-only where the tree
+has that mode), which is what `LLM.generate` pays per step, and the final texts are compared too. With asynchronous
+scheduling (the default at one rank) the runner's launch + wait count as its execute.
+
 Columns are medians over decode steps (so they need not add up to the total's median exactly). On CPU, forward /
 logits / sampler are real math that a GPU does asynchronously; the engine-overhead columns are the others.
 
 `--compare-tree DIR` measures every (batch, sampling) point twice, alternating fresh interpreters with
 PYTHONPATH=DIR (e.g. an unmodified copy of ladle from `git archive HEAD ladle | tar -x -C DIR`) and with this
-checkout, then prints both tables and the after/before ratios (and whether both produced the same tokens).
+checkout, then prints both tables and the after/before ratios (and whether both produced the same tokens, and with
+--offline the same texts).
 
 CPU:  .venv/bin/python benchmarks/engine_step_overhead.py --device cpu --out /tmp/step_overhead.json
+CPU, the offline path of this checkout against HEAD's:
+      git archive HEAD ladle | tar -x -C /tmp/before && .venv/bin/python benchmarks/engine_step_overhead.py --offline \
+      --batch-sizes 128 --output-len 256 --samplings greedy --repeats 3 --compare-tree /tmp/before
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -67,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads on cpu")
+    p.add_argument("--offline", action="store_true",
+                   help="drive the core with the tree's own LLM._run and LLM processor (default: a streaming loop)")
     p.add_argument("--repeats", type=int, default=1, help="generate runs per (batch, sampling); steps pooled")
     p.add_argument("--compare-tree", default=None, help="also measure the ladle package under this dir (before)")
     p.add_argument("--after-tree", default=None, help="with --compare-tree: the 'after' ladle (default: this checkout)")
@@ -142,6 +155,9 @@ def install_hooks(bundle, processor, hooks: Hooks) -> None:
     hooks.wrap(core.scheduler, "schedule", "schedule")
     hooks.wrap(core.scheduler, "update", "update")
     hooks.wrap(runner, "execute", "execute")
+    if getattr(core, "async_scheduling", False):  # EngineCore calls launch / wait, not execute
+        hooks.wrap(runner, "launch", "execute")
+        hooks.wrap(runner, "wait", "execute")
     hooks.wrap(runner, "_update_states", "prepare")
     if not hooks.wrap(runner, "_prepare_inputs", "prepare"):
         hooks.wrap(mr, "build_batch_inputs", "prepare")
@@ -155,51 +171,98 @@ def install_hooks(bundle, processor, hooks: Hooks) -> None:
     hooks.wrap(processor, "process", "output")
 
 
+class StepClock:
+    """Per-decode-step wall time and hook totals, with step boundaries at `EngineCore.step` calls (wrapped on the
+    core instance until `remove`): a step runs from its `core.step` call to the next one (or to `close`), so it
+    includes whatever the driving loop (this script's or `LLM._run`) does with its outputs. Also collects every
+    request's tokens."""
+
+    def __init__(self, core, hooks: Hooks, batch: int, input_len: int, timed: bool) -> None:
+        self.core, self.hooks, self.batch, self.input_len, self.timed = core, hooks, batch, input_len, timed
+        self.steps: list[dict] = []
+        self.tokens: dict[str, list[int]] = defaultdict(list)
+        self._open: tuple[float, bool] | None = None  # (start, is a decode step) of the step not closed yet
+        self._step = core.step
+        core.step = self._timed_step
+
+    def _timed_step(self):
+        t0 = time.perf_counter()
+        self.close(t0)
+        self.hooks.acc.clear()
+        outputs = self._step()
+        for out in outputs:
+            self.tokens[out.request_id].extend(out.new_token_ids)
+        decode = len(outputs) == self.batch and all(len(o.new_token_ids) == 1 for o in outputs) and all(
+            r.num_computed_tokens > self.input_len for r in self.core.scheduler.running)
+        self._open = (t0, decode)
+        return outputs
+
+    def close(self, now: float | None = None) -> None:
+        """End the open step (at `now`, default: now)."""
+        now = time.perf_counter() if now is None else now
+        if self._open is not None and self._open[1] and self.timed:
+            self.steps.append(dict(self.hooks.acc, total=now - self._open[0]))
+        self._open = None
+
+    def remove(self) -> None:
+        del self.core.step
+
+
 def run_one(bundle, batch: int, params, args, seed: int, timed: bool):
-    """Generate for `batch` requests; returns per-decode-step component times (seconds) and a token checksum."""
+    """Generate for `batch` requests; returns per-decode-step component times (seconds), a token checksum and (with
+    --offline) a digest of the final texts.
+
+    Streaming (default): this script's loop, as the servers drive the core: every step's outputs go through an
+    OutputProcessor in streaming mode. --offline: the tree's own `LLM._run` with the processor its LLM builds (so a
+    tree whose LLM processes final-only is measured that way)."""
     from ladle.engine.engine_core import child_params
-    from ladle.engine.output_processor import OutputProcessor
 
     core = bundle.core
-    # trees before 2026-11-30 passed the core's queue-time lookup; newer EngineOutputs carry queue_time themselves
-    processor = OutputProcessor(bundle.tokenizer, *([core.queue_time] if hasattr(core, "queue_time") else []))
+    llm = None
+    if args.offline:
+        from ladle.engine.llm import LLM
+
+        llm = LLM(bundle=bundle)
+        processor = llm.processor
+    else:
+        from ladle.engine.output_processor import OutputProcessor
+
+        # trees before 2026-11-30 passed the core's queue-time lookup; newer EngineOutputs carry queue_time
+        processor = OutputProcessor(bundle.tokenizer, *([core.queue_time] if hasattr(core, "queue_time") else []))
     rng = random.Random(seed)
     vocab = 49152
-    requests = []
+    requests, order = [], []
     for i in range(batch):
         ids = [rng.randrange(3, vocab) for _ in range(args.input_len)]
         pid = f"cmpl-bench-{seed}-{i}"
+        order.append(pid)
         for j, child in enumerate(processor.add_request(pid, ids, params)):
             requests.append(core.make_request(child, ids, child_params(params, j)))
     core.add_requests(requests)
     hooks = Hooks(only_inside={"d2h": "execute"})
     if timed:
         install_hooks(bundle, processor, hooks)
-    steps, tokens = [], defaultdict(list)
-    sched = core.scheduler
+    clock = StepClock(core, hooks, batch, args.input_len, timed)
+    text_digest = None
     try:
-        while core.has_unfinished_requests():
-            hooks.acc.clear()
-            t0 = time.perf_counter()
-            outputs = core.step()
-            processed = processor.process(outputs)
-            for child, stop in processed.stop_hits:
-                core.finish_requests([child], "stop", stop)
-            core.finish_requests(processed.failed_ids, "error")
-            wall = time.perf_counter() - t0
-            for out in outputs:
-                tokens[out.request_id].extend(out.new_token_ids)
-            decode = len(outputs) == batch and all(len(o.new_token_ids) == 1 for o in outputs) and all(
-                r.num_computed_tokens > args.input_len for r in sched.running)
-            if timed and decode:
-                a = dict(hooks.acc)
-                a["total"] = wall
-                steps.append(a)
+        if llm is not None:
+            finals = llm._run(order)
+            texts = "\x00".join(c.text for ro in finals for c in ro.outputs)
+            text_digest = hashlib.sha1(texts.encode()).hexdigest()[:16]
+        else:
+            while core.has_unfinished_requests():
+                outputs = core.step()
+                processed = processor.process(outputs)
+                for child, stop in processed.stop_hits:
+                    core.finish_requests([child], "stop", stop)
+                core.finish_requests(processed.failed_ids, "error")
+        clock.close()
     finally:
         hooks.remove()
-    assert all(len(t) == args.output_len for t in tokens.values()), "every request must yield --output-len tokens"
-    checksum = sum(sum(t) for t in tokens.values()) % (1 << 31)
-    return steps, checksum
+        clock.remove()
+    assert all(len(t) == args.output_len for t in clock.tokens.values()), "every request must yield --output-len"
+    checksum = sum(sum(t) for t in clock.tokens.values()) % (1 << 31)
+    return clock.steps, checksum, text_digest
 
 
 def summarize(steps: list[dict]) -> dict:
@@ -234,12 +297,14 @@ def measure(args) -> dict:
         for batch in args.batch_sizes:
             params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, logprobs=args.logprobs,
                                     **samplings[name])
-            all_steps, checks = [], []
+            all_steps, checks, digests = [], [], []
             for r in range(args.repeats):
-                steps, check = run_one(bundle, batch, params, args, seed=1000 * batch + r, timed=True)
+                steps, check, digest = run_one(bundle, batch, params, args, seed=1000 * batch + r, timed=True)
                 all_steps += steps
                 checks.append(check)
-            row = {"batch": batch, "sampling": name, **summarize(all_steps), "token_checksums": checks}
+                digests.append(digest)
+            row = {"batch": batch, "sampling": name, **summarize(all_steps), "token_checksums": checks,
+                   "text_digests": digests}
             results.append(row)
             print(f"  [{args.label}] B={batch} {name}: {row['num_steps']} decode steps, total median "
                   f"{row['median_us']['total']:.0f} us, overhead {row['median_us']['overhead']:.0f} us", flush=True)
@@ -264,16 +329,18 @@ def print_table(res: dict) -> None:
 def compare(before: dict, after: dict) -> list[dict]:
     out = []
     print("\nafter / before (median us; ratio < 1 is faster)")
-    print(f"{'B':>4} {'sampling':>8} {'overhead':>22} {'total':>22} {'checksums equal':>16}")
+    print(f"{'B':>4} {'sampling':>8} {'overhead':>22} {'output':>22} {'total':>22} {'same tokens':>12} "
+          f"{'same text':>10}")
     for b, a in zip(before["results"], after["results"]):
         assert (b["batch"], b["sampling"]) == (a["batch"], a["sampling"])
-        ob, oa = b["median_us"]["overhead"], a["median_us"]["overhead"]
-        tb, ta = b["median_us"]["total"], a["median_us"]["total"]
+        mb, ma = b["median_us"], a["median_us"]
         same = b["token_checksums"] == a["token_checksums"]
-        out.append({"batch": a["batch"], "sampling": a["sampling"], "overhead_ratio": oa / ob, "total_ratio": ta / tb,
-                    "same_tokens": same})
-        print(f"{a['batch']:>4} {a['sampling']:>8} {ob:8.0f} -> {oa:6.0f} ({oa / ob:4.2f}) "
-              f"{tb:8.0f} -> {ta:6.0f} ({ta / tb:4.2f}) {str(same):>16}")
+        same_text = b.get("text_digests") == a.get("text_digests") if a.get("text_digests", [None])[0] else None
+        out.append({"batch": a["batch"], "sampling": a["sampling"], "same_tokens": same, "same_text": same_text,
+                    **{f"{k}_ratio": ma[k] / mb[k] for k in ("overhead", "output", "total")}})
+        cells = " ".join(f"{mb[k]:8.0f} -> {ma[k]:6.0f} ({ma[k] / mb[k]:4.2f})"
+                         for k in ("overhead", "output", "total"))
+        print(f"{a['batch']:>4} {a['sampling']:>8} {cells} {str(same):>12} {str(same_text):>10}")
     return out
 
 

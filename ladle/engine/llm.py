@@ -1,7 +1,9 @@
 """The offline API: `LLM(model=None, **engine_kwargs).generate(prompts, sampling_params)`.
 
 Runs the EngineCore synchronously on the caller's thread (no engine thread). Stop strings found by the
-detokenizer finish their request right after the step that produced them.
+detokenizer finish their request right after the step that produced them. Output processing is final-only
+(OutputProcessor(final_only=True)): every step still detokenizes and checks stop strings, but RequestOutputs are
+built only for requests that finish.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import uuid
 from typing import Any, Optional, Sequence, Union
 
 from ladle.core.sampling_params import SamplingParams
-from ladle.engine.client import CompletionOutput, RequestOutput
+from ladle.engine.client import RequestOutput
 from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
 from ladle.engine.output_processor import OutputProcessor
 
@@ -29,7 +31,7 @@ class LLM:
         self.core = self.bundle.core
         self.tokenizer = self.bundle.tokenizer
         self.engine_config = self.bundle.engine_config
-        self.processor = OutputProcessor(self.tokenizer)
+        self.processor = OutputProcessor(self.tokenizer, final_only=True)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (if any; they also stop when this process exits)."""
@@ -81,14 +83,11 @@ class LLM:
         return self._run(order)
 
     def _run(self, order: list[str]) -> list[RequestOutput]:
-        latest: dict[str, dict[int, CompletionOutput]] = {pid: {} for pid in order}
-        last: dict[str, RequestOutput] = {}
+        final: dict[str, RequestOutput] = {}
         while self.core.has_unfinished_requests():
             outputs = self.core.step()
             processed = self.processor.process(outputs)
             self.core.finish_processed(processed.stop_hits, processed.failed_ids)
-            for ro in processed.request_outputs:
-                last[ro.request_id] = ro
-                for co in ro.outputs:
-                    latest[ro.request_id][co.index] = co
-        return [self.processor.final_output(pid, latest[pid], last[pid]) for pid in order]
+            for ro in processed.request_outputs:  # final_only: one per request, when it finished
+                final[ro.request_id] = ro
+        return [final[pid] for pid in order]

@@ -2,7 +2,11 @@
 
 A client request with `n` choices is `n` child requests in the scheduler (ids `<parent>-<i>`). The processor
 keeps one IncrementalDetokenizer per choice, enforces stop strings (reporting hits so the engine can finish
-the child at the step boundary) and groups children back into one RequestOutput per parent.
+the child at the step boundary) and groups children back into one RequestOutput per parent: every step's changes
+(streaming, the servers) or, with `final_only` (the offline LLM, which keeps only each request's last output), one
+RequestOutput per parent when it finishes, holding every choice's finishing CompletionOutput. Both modes update
+every choice's state (token ids, logprobs, detokenized text, stop strings) every step; final_only only skips
+building the per-step output objects.
 Runs on the engine thread (or the LLM caller's thread); not thread-safe.
 """
 
@@ -28,6 +32,7 @@ class _Choice:
     finish_reason: Optional[str] = None
     stop_reason: Optional[object] = None
     error: Optional[str] = None
+    final_output: Optional[CompletionOutput] = None  # the CompletionOutput that finished it (final_only mode)
 
     def __post_init__(self) -> None:
         if self.want_logprobs:
@@ -56,9 +61,9 @@ class _Parent:
 
 @dataclass
 class ProcessedOutputs:
-    """request_outputs: one per parent that changed; stop_hits: (child id, stop string) the engine must
-    finish with reason "stop"; failed_ids: children whose output could not be processed (the engine finishes
-    them with reason "error")."""
+    """request_outputs: one per parent that changed (final_only: one per parent that finished); stop_hits: (child
+    id, stop string) the engine must finish with reason "stop"; failed_ids: children whose output could not be
+    processed (the engine finishes them with reason "error")."""
 
     request_outputs: list[RequestOutput] = field(default_factory=list)
     stop_hits: list[tuple[str, str]] = field(default_factory=list)
@@ -71,10 +76,12 @@ def child_request_id(parent_id: str, index: int, n: int) -> str:
 
 
 class OutputProcessor:
-    """Args: tokenizer (None = token ids only, no text)."""
+    """Args: tokenizer (None = token ids only, no text); final_only (report a parent only once it has finished,
+    with one CompletionOutput per choice: the one that finished the choice, as the streaming mode reports it)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, final_only: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.final_only = final_only
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         self._single_token_texts: dict[bool, dict[int, str]] = {True: {}, False: {}}  # by skip_special_tokens
@@ -132,10 +139,18 @@ class OutputProcessor:
                 result.failed_ids.append(out.request_id)
                 delta = CompletionOutput(index=choice.index, text=choice.text, token_ids=list(choice.token_ids),
                                          finish_reason=FINISH_ERROR, error=choice.error)
+            if delta is None:  # final_only, still running
+                continue
+            if self.final_only:
+                choice.final_output = delta
             changed.setdefault(parent.request_id, []).append(delta)
         for parent_id, deltas in changed.items():
             parent = self._parents[parent_id]
             finished = parent.finished
+            if self.final_only:
+                if not finished:
+                    continue
+                deltas = [c.final_output for c in parent.choices]  # type: ignore[misc]
             result.request_outputs.append(RequestOutput(
                 request_id=parent_id, prompt_token_ids=parent.prompt_token_ids, outputs=deltas,
                 finished=finished, num_cached_tokens=parent.num_cached_tokens,
@@ -144,7 +159,10 @@ class OutputProcessor:
                 self.remove_request(parent_id)
         return result
 
-    def _apply(self, parent: _Parent, choice: _Choice, out: EngineOutput, result: ProcessedOutputs) -> CompletionOutput:
+    def _apply(self, parent: _Parent, choice: _Choice, out: EngineOutput,
+               result: ProcessedOutputs) -> Optional[CompletionOutput]:
+        """Update the choice's state with one output; its CompletionOutput (None in final_only mode while the choice
+        runs on)."""
         if choice.index == 0:
             parent.num_cached_tokens = out.num_cached_tokens
             if out.prompt_logprobs is not None:
@@ -152,10 +170,8 @@ class OutputProcessor:
             if parent.queue_time is None:
                 parent.queue_time = out.queue_time
         choice.token_ids.extend(out.new_token_ids)
-        new_logprobs = None
         if choice.logprobs is not None:
-            new_logprobs = list(out.new_logprobs or [])
-            choice.logprobs.extend(new_logprobs)
+            choice.logprobs.extend(out.new_logprobs or ())
         finish_reason, stop_reason = out.finish_reason, out.stop_reason
         text_delta = ""
         if choice.detokenizer is not None:
@@ -170,6 +186,9 @@ class OutputProcessor:
         if text_delta:
             choice.text_parts.append(text_delta)
         choice.finish_reason, choice.stop_reason, choice.error = finish_reason, stop_reason, out.error
+        if finish_reason is None and self.final_only:
+            return None
+        new_logprobs = None if choice.logprobs is None else list(out.new_logprobs or [])
         delta = CompletionOutput(index=choice.index, text_delta=text_delta, token_ids_delta=list(out.new_token_ids),
                                  logprobs_delta=new_logprobs, finish_reason=finish_reason, stop_reason=stop_reason,
                                  error=out.error)
@@ -183,11 +202,3 @@ class OutputProcessor:
         outs = [EngineOutput(request_id=child, finish_reason=reason, error=error)
                 for pid in list(self._parents) for child in self.child_ids(pid)]
         return self.process(outs)
-
-    def final_output(self, parent_id: str, outputs_by_index: dict[int, CompletionOutput],
-                     last: RequestOutput) -> RequestOutput:
-        """A RequestOutput holding every choice (the latest CompletionOutput of each), for LLM.generate."""
-        return RequestOutput(request_id=parent_id, prompt_token_ids=last.prompt_token_ids,
-                             outputs=[outputs_by_index[i] for i in sorted(outputs_by_index)], finished=last.finished,
-                             num_cached_tokens=last.num_cached_tokens, prompt_logprobs=last.prompt_logprobs,
-                             queue_time=last.queue_time)
