@@ -71,10 +71,16 @@ def child_request_id(parent_id: str, index: int, n: int) -> str:
 
 
 class OutputProcessor:
-    """Args: tokenizer (None = token ids only, no text)."""
+    """Args: tokenizer (None = token ids only, no text).
+
+    `num_generation_tokens`: tokens appended to choices since start, i.e. the sum of every choice's token_ids (the
+    completion_tokens clients are told), for `vllm:generation_tokens_total`. vLLM counts there too (its frontend's
+    output processor, vllm/v1/engine/output_processor.py): a token the engine sampled for a choice already finished
+    here (stop string found, aborted) is ignored, not counted."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.num_generation_tokens = 0
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         self._single_token_texts: dict[bool, dict[int, str]] = {True: {}, False: {}}  # by skip_special_tokens
@@ -152,6 +158,7 @@ class OutputProcessor:
             if parent.queue_time is None:
                 parent.queue_time = out.queue_time
         choice.token_ids.extend(out.new_token_ids)
+        self.num_generation_tokens += len(out.new_token_ids)
         new_logprobs = None
         if choice.logprobs is not None:
             new_logprobs = list(out.new_logprobs or [])

@@ -11,6 +11,9 @@ request (`RequestTimer`). Names and meanings: vllm/v1/metrics/loggers.py (Promet
   vllm:request_prompt_tokens, vllm:request_generation_tokens (histograms per finished choice, tokens; vLLM
   observes each of a request's n choices, which are separate engine requests there too),
   vllm:iteration_tokens_total (histogram: tokens scheduled per engine step).
+`vllm:generation_tokens_total` counts the tokens delivered in choices, so it equals the sum of the responses'
+completion_tokens, as in vLLM (both count where outputs are processed: a token the engine core sampled for a request
+already finished there by a stop string or an abort is not counted).
 `vllm:request_success_total` has a series for every engine finish reason (stop, length, abort, error) from the
 first scrape, zero until it happens, as vLLM pre-creates one per FinishReason. ("tool_calls" is a chat-level
 reinterpretation of "stop", not an engine finish reason, so it has no series, as in vLLM.)
