@@ -125,7 +125,6 @@ class FakeCore:
                 del self.requests[rid]
         self.num_steps += 1
         self._stats.num_running = len(self.requests)
-        self._stats.generation_tokens_total += len(outs)
         return outs
 
     def abort_requests(self, request_ids) -> list:

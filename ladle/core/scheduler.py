@@ -62,6 +62,8 @@ class SchedulerStats:
     iteration_tokens_counts: per bucket of ITERATION_TOKEN_BUCKETS (then one for larger), the number of steps that
     scheduled that many tokens (at most the bucket's edge, more than the previous one); steps with none are not
     counted. iteration_tokens_sum: their tokens. /metrics exports them as vLLM's `vllm:iteration_tokens_total`.
+    Generation tokens are not counted here but where choices receive them (OutputProcessor.num_generation_tokens):
+    a token sampled for a request whose stop string was already found, or that was aborted, reaches no client.
     """
 
     num_running: int = 0
@@ -70,7 +72,6 @@ class SchedulerStats:
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
     num_preemptions_total: int = 0
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
@@ -325,7 +326,6 @@ class Scheduler:
                 new_token_ids = [token_id]
                 if rid in runner_output.logprobs:
                     new_logprobs = [runner_output.logprobs[rid]]
-                self._stats.generation_tokens_total += 1
                 finished = request.check_stop(self.max_model_len)
             elif request.max_tokens == 0 and request.num_computed_tokens >= request.num_prompt_tokens:
                 request.finish_reason = FINISH_LENGTH
@@ -420,7 +420,6 @@ class Scheduler:
             num_free_blocks=kv.num_free_blocks,
             num_total_blocks=kv.num_usable_blocks,
             prompt_tokens_total=s.prompt_tokens_total,
-            generation_tokens_total=s.generation_tokens_total,
             num_preemptions_total=s.num_preemptions_total,
             prefix_cache_queries_total=s.prefix_cache_queries_total,
             prefix_cache_hits_total=s.prefix_cache_hits_total,

@@ -248,5 +248,6 @@ class AsyncEngine(EngineClient):
         host = {**getattr(self.core, "step_host_s", {}), "process_outputs": self._process_s}
         self._stats = EngineStats(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
                                   request_success_total=dict(self._success),
+                                  generation_tokens_total=self._processor.num_generation_tokens,
                                   num_steps=getattr(self.core, "num_steps", 0), step_host_seconds=host)
 

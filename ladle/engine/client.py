@@ -69,7 +69,7 @@ class EngineStats:
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
+    generation_tokens_total: int = 0  # tokens delivered in choices (OutputProcessor.num_generation_tokens)
     num_preemptions_total: int = 0
     prefix_cache_queries_total: int = 0  # prompt tokens looked up
     prefix_cache_hits_total: int = 0  # of those, tokens hit

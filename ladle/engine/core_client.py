@@ -276,18 +276,20 @@ class CoreProcessEngine(EngineClient):
             for co in ro.outputs:
                 if co.finish_reason:
                     self._success[co.finish_reason] = self._success.get(co.finish_reason, 0) + 1
-        self._stats = EngineStats(**{**self._stats.__dict__, "request_success_total": dict(self._success),
-                                     "step_host_seconds": self._host_seconds(self._stats.step_host_seconds)})
+        self._stats = EngineStats(**{**self._stats.__dict__, **self._own_stats(self._stats.step_host_seconds)})
         self._deliver(processed.request_outputs)
 
     def _publish_stats(self, stats: dict) -> None:
         stats = dict(stats)
         stats["iteration_tokens_counts"] = tuple(stats.get("iteration_tokens_counts", ()))
-        stats["step_host_seconds"] = self._host_seconds(stats.get("step_host_seconds", {}))
-        self._stats = EngineStats(**stats, request_success_total=dict(self._success))
+        self._stats = EngineStats(**{**stats, **self._own_stats(stats.get("step_host_seconds", {}))})
 
-    def _host_seconds(self, core_phases: dict) -> dict:
-        return {**core_phases, "process_outputs": self._process_s}
+    def _own_stats(self, core_phases: dict) -> dict:
+        """The EngineStats fields this process counts: finishes and generation tokens of the choices delivered,
+        and the core's host seconds per phase (`core_phases`) plus this process's output processing."""
+        return {"request_success_total": dict(self._success),
+                "generation_tokens_total": self._processor.num_generation_tokens,
+                "step_host_seconds": {**core_phases, "process_outputs": self._process_s}}
 
     def _deliver(self, request_outputs: list) -> None:
         """One put per request of this step's batch (no task switch here; each consumer wakes once per step)."""

@@ -77,11 +77,17 @@ def child_request_id(parent_id: str, index: int, n: int) -> str:
 
 class OutputProcessor:
     """Args: tokenizer (None = token ids only, no text); final_only (report a parent only once it has finished,
-    with one CompletionOutput per choice: the one that finished the choice, as the streaming mode reports it)."""
+    with one CompletionOutput per choice: the one that finished the choice, as the streaming mode reports it).
+
+    `num_generation_tokens`: tokens appended to choices since start, i.e. the sum of every choice's token_ids (the
+    completion_tokens clients are told), for `vllm:generation_tokens_total`. vLLM counts there too (its frontend's
+    output processor, vllm/v1/engine/output_processor.py): a token the engine sampled for a choice already finished
+    here (stop string found, aborted) is ignored, not counted."""
 
     def __init__(self, tokenizer: Any, final_only: bool = False) -> None:
         self.tokenizer = tokenizer
         self.final_only = final_only
+        self.num_generation_tokens = 0
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         self._single_token_texts: dict[bool, dict[int, str]] = {True: {}, False: {}}  # by skip_special_tokens
@@ -170,6 +176,7 @@ class OutputProcessor:
             if parent.queue_time is None:
                 parent.queue_time = out.queue_time
         choice.token_ids.extend(out.new_token_ids)
+        self.num_generation_tokens += len(out.new_token_ids)
         if choice.logprobs is not None:
             choice.logprobs.extend(out.new_logprobs or ())
         finish_reason, stop_reason = out.finish_reason, out.stop_reason

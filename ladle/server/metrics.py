@@ -11,11 +11,16 @@ request (`RequestTimer`). Names and meanings: vllm/v1/metrics/loggers.py (Promet
   vllm:request_prompt_tokens, vllm:request_generation_tokens (histograms per finished choice, tokens; vLLM
   observes each of a request's n choices, which are separate engine requests there too),
   vllm:iteration_tokens_total (histogram: tokens scheduled per engine step).
+`vllm:generation_tokens_total` counts the tokens delivered in choices, so it equals the sum of the responses'
+completion_tokens, as in vLLM (both count where outputs are processed: a token the engine core sampled for a request
+already finished there by a stop string or an abort is not counted).
 `vllm:request_success_total` has a series for every engine finish reason (stop, length, abort, error) from the
 first scrape, zero until it happens, as vLLM pre-creates one per FinishReason. ("tool_calls" is a chat-level
 reinterpretation of "stop", not an engine finish reason, so it has no series, as in vLLM.)
 ladle's own series use the `ladle:` prefix (ladle:num_free_blocks, ladle:num_total_blocks).
-Each registry is per app (tests build several apps in one process).
+Each registry is per app (tests build several apps in one process). No `*_created` series (the creation timestamps
+prometheus_client adds to counters and histograms): vLLM exposes none either; prometheus_client's switch for that,
+`disable_created_metrics()`, is process-wide and is thrown when a ServerMetrics is built.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Optional
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ladle.core.outputs import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
@@ -127,6 +132,7 @@ class ServerMetrics:
     """The per-app registry: the engine collector plus request-latency and request-size histograms."""
 
     def __init__(self, get_stats: Callable[[], EngineStats], model_name: str, max_model_len: int = 1 << 20):
+        disable_created_metrics()  # process-wide in prometheus_client; read at each scrape
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(get_stats, model_name))  # type: ignore[arg-type]
         labels = ["model_name", "engine"]

@@ -70,6 +70,23 @@ def test_metrics_names(fake_server):
     assert m["vllm:e2e_request_latency_seconds_count"] >= 1 and m["vllm:generation_tokens_total"] >= 3
 
 
+def test_metrics_have_no_created_series(server):
+    """No `*_created` series (prometheus_client's creation timestamps of counters and histograms), as in vLLM's
+    /metrics; the counters and histograms themselves are there, with their values."""
+    with server.client() as c:
+        assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "temperature": 0}).status_code == 200
+        text = c.get("/metrics").text
+    assert [line for line in text.splitlines() if "_created" in line] == []
+    assert "# TYPE vllm:generation_tokens_total counter" in text and "# TYPE vllm:request_success_total counter" in text
+    assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
+    for name in ["vllm:generation_tokens_total", "vllm:request_success_total",
+                 "vllm:e2e_request_latency_seconds_bucket", "vllm:request_generation_tokens_sum",
+                 "vllm:iteration_tokens_total_count"]:
+        assert f"\n{name}{{" in text, name
+    m = server.metrics()
+    assert m["vllm:e2e_request_latency_seconds_count"] >= 1 and m["vllm:request_generation_tokens_sum"] >= 2
+
+
 def test_request_id_header_is_echoed_not_used(fake_server):
     with fake_server.client() as c:
         r = c.post("/v1/completions", headers={"X-Request-Id": "client-42"}, json={"prompt": "hi", "max_tokens": 2})
