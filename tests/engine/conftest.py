@@ -19,3 +19,11 @@ def smollm2_tokenizer():
 
     path = smollm2_gguf()
     return load_tokenizer(os.path.dirname(path), os.path.basename(path))
+
+
+@pytest.fixture(scope="module")
+def tiny_m3_dir(tmp_path_factory) -> str:
+    """A tiny M3 checkpoint directory (config and tokenizer only: load it with load_format="dummy")."""
+    from ladle.tools.checkpoint_m3 import make_checkpoint
+
+    return make_checkpoint(str(tmp_path_factory.mktemp("m3") / "tiny"), "tiny", config_only=True)

@@ -113,3 +113,14 @@ def hf_greedy(hf: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
                           pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+# a tiny M3 checkpoint (config only, dummy weights) served by LLM: small KV pool, short context
+M3_ENGINE = dict(load_format="dummy", max_model_len=128, kv_cache_memory_bytes=4 << 20)
+
+
+def m3_llm(m3_dir: str, **kw):
+    """A maker of LLM(m3_dir) with M3_ENGINE (+ kw), taking async_scheduling (True / False)."""
+    from ladle.engine.llm import LLM
+
+    return lambda async_scheduling: LLM(m3_dir, async_scheduling=async_scheduling, **{**M3_ENGINE, **kw})

@@ -12,17 +12,13 @@ import random
 
 import pytest
 
-from helpers import make_bundle, tiny_model
+from helpers import M3_ENGINE, m3_llm, make_bundle, tiny_model
 
 from ladle.config import EngineConfig, ParallelConfig, SchedulerConfig
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.config_resolve import config_refusals
 from ladle.engine.llm import LLM
 from ladle.observe import dispatch
-from ladle.tools.checkpoint_m3 import make_checkpoint
-
-M3_ENGINE = dict(load_format="dummy", max_model_len=128, kv_cache_memory_bytes=4 << 20)
-
 
 @pytest.fixture(scope="module")
 def model():
@@ -30,8 +26,8 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def m3_dir(tmp_path_factory) -> str:
-    return make_checkpoint(str(tmp_path_factory.mktemp("m3async") / "tiny"), "tiny", config_only=True)
+def m3_dir(tiny_m3_dir) -> str:
+    return tiny_m3_dir
 
 
 def _prompts(n: int, seed: int, prefix: tuple = (), lo: int = 3, hi: int = 40) -> list[list[int]]:
@@ -41,10 +37,6 @@ def _prompts(n: int, seed: int, prefix: tuple = (), lo: int = 3, hi: int = 40) -
 
 def _llama(model, **kw):
     return lambda async_scheduling: LLM(bundle=make_bundle(model, async_scheduling=async_scheduling, **kw))
-
-
-def _m3(m3_dir, **kw):
-    return lambda async_scheduling: LLM(m3_dir, async_scheduling=async_scheduling, **{**M3_ENGINE, **kw})
 
 
 def _finishes(outs) -> list[tuple]:
@@ -103,7 +95,7 @@ def test_mixed_batch_matches_sync_tiny_llama(model):
 
 
 def test_mixed_batch_matches_sync_tiny_m3(m3_dir):
-    _check_mixed(_m3(m3_dir))
+    _check_mixed(m3_llm(m3_dir))
 
 
 def test_length_limits_schedule_no_extra_step(model):
@@ -187,7 +179,7 @@ def test_preemption_and_prefix_hits_match_sync(family, model, m3_dir):
     else:
         roomy = LLM(m3_dir, **M3_ENGINE)
         per_block = roomy.core.runner.kv_cache_bytes // roomy.core.runner.num_blocks
-        make_llm = _m3(m3_dir, kv_cache_memory_bytes=per_block * 12, max_num_batched_tokens=32)
+        make_llm = m3_llm(m3_dir, kv_cache_memory_bytes=per_block * 12, max_num_batched_tokens=32)
     prefix = tuple(_prompts(1, seed=11, lo=40, hi=41)[0])  # 2.5 blocks shared by every prompt
     waves = [_prompts(4, seed=12, prefix=prefix, lo=4, hi=12), _prompts(4, seed=13, prefix=prefix, lo=4, hi=12)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -207,7 +199,7 @@ def test_seeded_sampling_matches_sync(model, m3_dir):
     prompts = _prompts(6, seed=21)
     params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=100 + i, max_tokens=16, ignore_eos=True)
               for i in range(len(prompts))]
-    for make_llm in (_llama(model), _m3(m3_dir)):
+    for make_llm in (_llama(model), m3_llm(m3_dir)):
         expected = _finishes(make_llm(False).generate(prompts, params))
         assert _finishes(make_llm(True).generate(prompts, params)) == expected
         assert len({e[0] for e in expected}) == len(prompts)
@@ -377,7 +369,7 @@ def test_core_process_with_async_scheduling(m3_dir):
 
     prompts = _prompts(4, seed=71)
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    expected = [c[0] for c in _finishes(_m3(m3_dir)(False).generate(prompts, greedy))]
+    expected = [c[0] for c in _finishes(m3_llm(m3_dir)(False).generate(prompts, greedy))]
     engine = CoreProcessEngine.start(engine_config_from_kwargs(m3_dir, async_scheduling=True, **M3_ENGINE))
 
     async def collect(prompt, params) -> list:

@@ -6,27 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import make_bundle, tiny_model
+from helpers import M3_ENGINE, m3_llm, make_bundle, tiny_model
 
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.llm import LLM
-from ladle.tools.checkpoint_m3 import make_checkpoint
-
-M3_ENGINE = dict(load_format="dummy", max_model_len=128, kv_cache_memory_bytes=4 << 20)
-
 
 @pytest.fixture(scope="module")
 def model():
     return tiny_model(seed=3)
-
-
-@pytest.fixture(scope="module")
-def m3_dir(tmp_path_factory) -> str:
-    return make_checkpoint(str(tmp_path_factory.mktemp("m3events") / "tiny"), "tiny", config_only=True)
-
-
-def _m3(m3_dir, **kw):
-    return lambda async_scheduling: LLM(m3_dir, async_scheduling=async_scheduling, **{**M3_ENGINE, **kw})
 
 
 class _FakeEvent:
@@ -76,7 +63,7 @@ def test_device_idle_is_absent_where_nothing_measures_it(model):
         assert "device_idle" not in bundle.core.step_host_s and bundle.core.step_host_s["execute"] > 0
 
 
-def test_step_events_are_recorded_only_where_the_engine_reads_them(m3_dir, monkeypatch):
+def test_step_events_are_recorded_only_where_the_engine_reads_them(tiny_m3_dir, monkeypatch):
     """The runner records its steps' two CUDA timing events only for their one reader, EngineCore's device_idle
     (asynchronous scheduling, the runner in process): build_engine asks for them with --async-scheduling only, and
     a tensor-parallel rank's runner never does. Counted through `_timing_event` (None on CPU, a recorded event on
@@ -87,13 +74,13 @@ def test_step_events_are_recorded_only_where_the_engine_reads_them(m3_dir, monke
     monkeypatch.setattr(ModelRunner, "_timing_event", lambda self: calls.append(self))
     for async_scheduling in (False, True):
         calls.clear()
-        llm = _m3(m3_dir)(async_scheduling)
+        llm = m3_llm(tiny_m3_dir)(async_scheduling)
         assert llm.core.runner.record_step_events is async_scheduling
         llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
         assert len(calls) == (2 * llm.core.num_steps if async_scheduling else 0)
 
 
-def test_tensor_parallel_ranks_record_no_step_events(m3_dir, monkeypatch):
+def test_tensor_parallel_ranks_record_no_step_events(tiny_m3_dir, monkeypatch):
     """A rank's runner (runner/worker.py build_rank_runner) records no step events even with asynchronous
     scheduling: the engine sees only the executor's handles, never a rank's events."""
     import torch
@@ -104,7 +91,7 @@ def test_tensor_parallel_ranks_record_no_step_events(m3_dir, monkeypatch):
     from ladle.models.registry import resolve_model_class
     from ladle.runner import worker
 
-    config = engine_config_from_kwargs(m3_dir, device="cpu", async_scheduling=True, **M3_ENGINE)
+    config = engine_config_from_kwargs(tiny_m3_dir, device="cpu", async_scheduling=True, **M3_ENGINE)
     source = resolve_model_source(config.model)
     resolved = resolve_engine_config(config, source.hf_config, resolve_model_class(source.architectures))
     spec = worker.WorkerSpec(resolved.model, resolved.cache, resolved.scheduler, resolved.runner, source, (), 0, 1)
