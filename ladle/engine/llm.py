@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, RequestOutput
 from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
+from ladle.engine.logprobs import TokenTexts, offline_request_output
 from ladle.engine.output_processor import OutputProcessor
 
 Prompt = Union[str, list[int]]
@@ -30,6 +31,7 @@ class LLM:
         self.tokenizer = self.bundle.tokenizer
         self.engine_config = self.bundle.engine_config
         self.processor = OutputProcessor(self.tokenizer)
+        self._token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (if any; they also stop when this process exits)."""
@@ -50,6 +52,9 @@ class LLM:
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
         """Generate for every prompt (strings are tokenized; token-id lists used as is) and return one final
         RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs).
+        Logprobs come in vLLM's form (engine/logprobs.py): `outputs[c].logprobs[i]` and `prompt_logprobs[i]` (None
+        for i = 0) are dicts token id -> Logprob(logprob, rank, decoded_token) holding the sampled (prompt) token
+        once and the top `logprobs` (`prompt_logprobs`) alternatives.
 
         Raises RequestRejected (nothing of this call stays queued) when a request can never fit, ValueError when
         logprobs / prompt_logprobs exceed the vocabulary size.
@@ -91,4 +96,5 @@ class LLM:
                 last[ro.request_id] = ro
                 for co in ro.outputs:
                     latest[ro.request_id][co.index] = co
-        return [self.processor.final_output(pid, latest[pid], last[pid]) for pid in order]
+        return [offline_request_output(self.processor.final_output(pid, latest[pid], last[pid]), self._token_texts)
+                for pid in order]
