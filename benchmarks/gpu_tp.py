@@ -61,8 +61,8 @@ def _greedy(model_dir: str, tp: int, max_tokens: int, engine: dict) -> list[dict
         res = []
         for o in outs:
             c = o.outputs[0]
-            # TokenLogprobs: (token id, logprob, rank) rows, the sampled token first, then the top 5
-            tops = [[tok for tok, _, rank in step if rank <= 5] for step in (c.logprobs or [])]
+            # per step a dict token id -> Logprob (vLLM's form): the top 5, and the sampled token once
+            tops = [[tok for tok, lp in step.items() if lp.rank <= 5] for step in (c.logprobs or [])]
             res.append({"tokens": list(c.token_ids), "top5": [[int(t) for t in s] for s in tops]})
         return res
     finally:

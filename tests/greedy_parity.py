@@ -25,9 +25,9 @@ def transformers_gguf_model(gguf_path: str):
 
 
 def ladle_top_tokens(logprobs_at_step) -> list[int]:
-    """Token ids of ladle's top TOP_K at one step, from a `logprobs=TOP_K` output entry (entry 0 is the sampled
-    token; 1..TOP_K the top ones)."""
-    return [e[0] for e in logprobs_at_step[1:1 + TOP_K]]
+    """Token ids of ladle's top TOP_K at one step, best first, from a `logprobs=TOP_K` offline output entry (a dict
+    token id -> Logprob: the top ones ranked 1..TOP_K, and the sampled token, ranked after them when not among them)."""
+    return sorted(logprobs_at_step, key=lambda tid: logprobs_at_step[tid].rank)[:TOP_K]
 
 
 def near_tie(ref_logits: torch.Tensor, ladle_token: int, ref_token: int, ladle_top: list[int]) -> tuple[bool, float]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Optional, Union
 
 from ladle.core.outputs import TokenLogprobs
 from ladle.core.sampling_params import SamplingParams
+from ladle.engine.logprobs import PromptLogprobs, SampleLogprobs
 
 
 @dataclass
@@ -22,6 +23,8 @@ class CompletionOutput:
 
     *_delta: what this output added (for streaming). text / token_ids / logprobs: cumulative, filled only on
     the output that finishes the choice (empty before, so a long stream costs O(n), not O(n^2)).
+    logprobs / logprobs_delta: one TokenLogprobs per token from an EngineClient (what the server formats);
+    `LLM.generate` returns vLLM's form instead, one dict token id -> Logprob per token (engine/logprobs.py).
     finish_reason: None while running; "stop", "length", "abort" or "error".
     """
 
@@ -30,8 +33,8 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     text_delta: str = ""
     token_ids_delta: list[int] = field(default_factory=list)
-    logprobs: Optional[list[TokenLogprobs]] = None
-    logprobs_delta: Optional[list[TokenLogprobs]] = None
+    logprobs: Optional[Union[list[TokenLogprobs], SampleLogprobs]] = None
+    logprobs_delta: Optional[Union[list[TokenLogprobs], SampleLogprobs]] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[object] = None
     error: Optional[str] = None
@@ -46,7 +49,8 @@ class RequestOutput:
     """A request's state after a step. `outputs` holds the choices that changed in this output
     (streaming) — `generate` yields until every choice has finished.
 
-    request_id: the internal id (`cmpl-<uuid>`); prompt_logprobs: one entry per prompt token (None first).
+    request_id: the internal id (`cmpl-<uuid>`); prompt_logprobs: one entry per prompt token (None first), a
+    TokenLogprobs from an EngineClient, a dict token id -> Logprob from `LLM.generate` (as CompletionOutput.logprobs).
     num_cached_tokens: prompt tokens served from the prefix cache (summed over choices' first one).
     """
 
@@ -55,7 +59,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
-    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+    prompt_logprobs: Optional[Union[list[Optional[TokenLogprobs]], PromptLogprobs]] = None
     queue_time: Optional[float] = None  # seconds from arrival to first scheduled (set once known)
 
 

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence, Union
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import RequestOutput
 from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
+from ladle.engine.logprobs import TokenTexts, offline_request_output
 from ladle.engine.output_processor import OutputProcessor
 
 Prompt = Union[str, list[int]]
@@ -32,6 +33,7 @@ class LLM:
         self.tokenizer = self.bundle.tokenizer
         self.engine_config = self.bundle.engine_config
         self.processor = OutputProcessor(self.tokenizer, final_only=True)
+        self._token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (if any; they also stop when this process exits)."""
@@ -52,6 +54,9 @@ class LLM:
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
         """Generate for every prompt (strings are tokenized; token-id lists used as is) and return one final
         RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs).
+        Logprobs come in vLLM's form (engine/logprobs.py): `outputs[c].logprobs[i]` and `prompt_logprobs[i]` (None
+        for i = 0) are dicts token id -> Logprob(logprob, rank, decoded_token) holding the sampled (prompt) token
+        once and the top `logprobs` (`prompt_logprobs`) alternatives.
 
         Raises RequestRejected (nothing of this call stays queued) when a request can never fit, ValueError when
         logprobs / prompt_logprobs exceed the vocabulary size.
@@ -90,4 +95,4 @@ class LLM:
             self.core.finish_processed(processed.stop_hits, processed.failed_ids)
             for ro in processed.request_outputs:  # final_only: one per request, when it finished
                 final[ro.request_id] = ro
-        return [final[pid] for pid in order]
+        return [offline_request_output(final[pid], self._token_texts) for pid in order]

@@ -29,6 +29,7 @@ from fastapi.responses import Response, StreamingResponse
 from ladle.config import ServerConfig
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, EngineClient, RequestOutput
+from ladle.engine.logprobs import TokenTexts
 from ladle.server.errors import OpenAIError, error_body, to_openai_error
 from ladle.server.metrics import RequestTimer, ServerMetrics
 from ladle.server.protocol import PromptTokensDetails, UsageInfo, random_id
@@ -62,7 +63,7 @@ class ServingContext:
         if refusals := stream_interval_refusals(self.limits.stream_interval):
             raise ValueError(refusals[0])
         self.accepted_names = {self.model_name, *[n for n in extra_model_names if n]}
-        self._token_strs: dict[int, str] = {}
+        self._token_texts = TokenTexts(engine.tokenizer)
         self.executor = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="ladle-prepare")
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
@@ -75,11 +76,7 @@ class ServingContext:
 
     def token_str(self, token_id: int) -> str:
         """The text of one token as logprobs report it (decoded alone; a partial UTF-8 byte shows as U+FFFD)."""
-        s = self._token_strs.get(token_id)
-        if s is None:
-            s = self.tokenizer.decode([token_id], skip_special_tokens=False)
-            self._token_strs[token_id] = s
-        return s
+        return self._token_texts[token_id]
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         """400 naming the first id outside [0, vocabulary size)."""

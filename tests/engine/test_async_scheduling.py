@@ -206,7 +206,8 @@ def test_seeded_sampling_matches_sync(model, m3_dir):
 
 
 def _logprob_entries(outs):
-    return [[(tid, round(lp, 3), rank) for entry in c.logprobs for tid, lp, rank in entry[:1]]
+    """(token id, logprob to 3 places, rank) of each sampled token, per choice that asked for logprobs."""
+    return [[(tid, round(entry[tid].logprob, 3), entry[tid].rank) for tid, entry in zip(c.token_ids, c.logprobs)]
             for o in outs for c in o.outputs if c.logprobs]
 
 
@@ -237,7 +238,9 @@ def test_penalties_and_prompt_logprobs_fall_back_and_match(model, special, reaso
     assert _logprob_entries(got) == _logprob_entries(expected) and _logprob_entries(got)
     assert [len(o.prompt_logprobs or ()) for o in got] == [len(o.prompt_logprobs or ()) for o in expected]
     if "prompt_logprobs" in special:
-        assert got[1].prompt_logprobs[1][0][1] == pytest.approx(expected[1].prompt_logprobs[1][0][1], abs=1e-4)
+        tok = got[1].prompt_token_ids[1]
+        assert got[1].prompt_logprobs[1][tok].logprob == pytest.approx(expected[1].prompt_logprobs[1][tok].logprob,
+                                                                       abs=1e-4)
     executed, not_eligible, reasons = _overlap_record()
     assert executed > 0 and not_eligible > 0, reasons
     assert reasons.get(reason, 0) == not_eligible, reasons

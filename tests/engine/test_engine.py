@@ -143,9 +143,9 @@ def test_prompt_logprobs_match_full_forward(model):
     big = LLM(bundle=make_bundle(model, max_num_batched_tokens=512))
     ref = big.generate([prompt], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2))[0]
     for a, b, tok in zip(out.prompt_logprobs[1:], ref.prompt_logprobs[1:], prompt[1:]):
-        assert a[0][0] == tok and abs(a[0][1] - b[0][1]) < 1e-4 and a[0][2] == b[0][2]
+        assert next(iter(a)) == tok and abs(a[tok].logprob - b[tok].logprob) < 1e-4 and a[tok].rank == b[tok].rank
     lp = out.outputs[0].logprobs[0]
-    assert lp[0][0] == out.outputs[0].token_ids[0] and lp[0][2] == 1  # greedy token has rank 1
+    assert list(lp) == out.outputs[0].token_ids[:1] and lp[out.outputs[0].token_ids[0]].rank == 1  # greedy: rank 1
 
 
 def test_config_resolution():

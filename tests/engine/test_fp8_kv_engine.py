@@ -57,7 +57,8 @@ def test_fp8_cache_changes_logprobs(model):
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     a = LLM(bundle=make_bundle(model)).generate([PROMPTS[4]], params)[0]
     f = LLM(bundle=make_bundle(model, kv_cache_dtype=FP8)).generate([PROMPTS[4]], params)[0]
-    diffs = [abs(x[0][1] - y[0][1]) for x, y in zip(a.prompt_logprobs[1:], f.prompt_logprobs[1:])]
+    diffs = [abs(x[tok].logprob - y[tok].logprob)
+             for x, y, tok in zip(a.prompt_logprobs[1:], f.prompt_logprobs[1:], PROMPTS[4][1:])]
     assert max(diffs) > 1e-5 and all(d == d for d in diffs)  # moved, and no NaN
 
 
@@ -87,7 +88,7 @@ def test_fp8_chunked_prefill_equals_one_shot(model, backend):
     out = chunked.generate([prompt], params)[0]
     ref = one_shot.generate([prompt], params)[0]
     for a, b, tok in zip(out.prompt_logprobs[1:], ref.prompt_logprobs[1:], prompt[1:]):
-        assert a[0][0] == tok and abs(a[0][1] - b[0][1]) < 1e-4 and a[0][2] == b[0][2]
+        assert next(iter(a)) == tok and abs(a[tok].logprob - b[tok].logprob) < 1e-4 and a[tok].rank == b[tok].rank
     assert out.outputs[0].token_ids == ref.outputs[0].token_ids
 
 

@@ -71,8 +71,8 @@ def llms(smollm2_tokenizer):
 
 def _top1(llm: LLM, prompt: list[int]) -> list[int]:
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1))[0]
-    # each position: (token, logprob, rank) entries, the prompt token's first; the rank-1 entry is the top-1
-    return [next(e[0] for e in pos if e[2] == 1) for pos in out.prompt_logprobs[1:]]
+    # each position: a dict token id -> Logprob, the prompt token's key first; the rank-1 entry is the top-1
+    return [next(tid for tid, lp in pos.items() if lp.rank == 1) for pos in out.prompt_logprobs[1:]]
 
 
 def _two_threads(fn, *args):

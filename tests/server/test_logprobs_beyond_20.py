@@ -21,10 +21,12 @@ K = 30
 
 
 def _check_entry(entry, token: int, ref_row: torch.Tensor) -> None:
-    """entry: (id, logprob, rank) of `token`, then K alternatives; ref_row: float64 log-softmax [V]."""
-    (tid, lp, rank), alts = entry[0], entry[1:]
-    assert tid == token and abs(lp - ref_row[token].item()) < 1e-4
-    assert rank == 1 + int((ref_row > ref_row[token] + 1e-6).sum())
+    """entry: the offline form, a dict token id -> Logprob holding `token` (its key first) and the K alternatives
+    (`token` once: K + 1 keys, or K when it is one of them); ref_row: float64 log-softmax [V]."""
+    assert next(iter(entry)) == token and abs(entry[token].logprob - ref_row[token].item()) < 1e-4
+    assert entry[token].rank == 1 + int((ref_row > ref_row[token] + 1e-6).sum())
+    alts = sorted(((tid, lp.logprob, lp.rank) for tid, lp in entry.items()), key=lambda e: e[2])[:K]
+    assert len(entry) == (K if token in {a for a, _, _ in alts} else K + 1)
     assert len(alts) == K and [r for _, _, r in alts] == list(range(1, K + 1))
     values = [v for _, v, _ in alts]
     assert values == sorted(values, reverse=True)
