@@ -14,6 +14,7 @@ from ladle.core.outputs import EngineOutput
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import CompletionOutput, RequestOutput
 from ladle.engine.llm import LLM
+from ladle.engine.logprobs import offline_request_output
 from ladle.engine.output_processor import OutputProcessor
 
 EOS = 2  # SmolLM2's <|im_end|>
@@ -164,7 +165,8 @@ def test_final_only_fail_all_reports_every_open_request(smollm2_tokenizer):
 
 
 def test_llm_generate_equals_streamed_replay(smollm2_tokenizer):
-    """Through the real engine: the LLM's results equal what the streaming mode makes of the same EngineOutputs."""
+    """Through the real engine: the LLM's results equal what the streaming mode makes of the same EngineOutputs
+    (in the offline API's logprobs form, engine/logprobs.py, as LLM returns them)."""
     tok = smollm2_tokenizer
     llm = LLM(bundle=make_bundle(tiny_model(seed=0), tokenizer=tok, async_scheduling=True))
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(5 + 9 * i)] for i in range(4)]
@@ -185,6 +187,6 @@ def test_llm_generate_equals_streamed_replay(smollm2_tokenizer):
     for step in steps:
         for ro in replay.process(step).request_outputs:
             streamed.setdefault(ro.request_id, []).append(ro)
-    assert [merged_final(streamed[ro.request_id]) for ro in outs] == outs
+    assert [offline_request_output(merged_final(streamed[ro.request_id]), llm._token_texts) for ro in outs] == outs
     assert any(c.finish_reason == "stop" for ro in outs for c in ro.outputs)
     assert any(len({len(c.token_ids) for c in ro.outputs}) > 1 for ro in outs)  # choices finish at different steps
