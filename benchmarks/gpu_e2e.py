@@ -129,7 +129,8 @@ def bench_e2e(model_dir, result):
     for variant, enforce_eager in (("ladle eager", True), ("ladle graphs", False)):  # one engine per variant
         llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=1024,
                   max_num_seqs=128, max_num_batched_tokens=8192, enable_prefix_caching=False,
-                  gpu_memory_utilization=0.4, enforce_eager=enforce_eager)
+                  gpu_memory_utilization=0.4, enforce_eager=enforce_eager,
+                  engine_core_process=False)  # the step timer wraps the in-process core
         llm.generate([[5] * 16], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))  # warm-up
         for b in BATCHES:
             prompts = torch.randint(100, cfg["vocab_size"] - 100, (b, PROMPT), generator=g).tolist()

@@ -345,7 +345,8 @@ def build_llm(args, model_dir: str, overrides: dict, cuda: bool, enforce_eager: 
     kw = dict(load_format="dummy", hf_overrides=json.dumps(overrides), max_model_len=args.ctx + 256,
               max_num_seqs=max(args.batches), max_num_batched_tokens=args.ctx, enable_prefix_caching=False, seed=0,
               cuda_graph_sizes=tuple(sorted(set(args.batches))),  # capture only the timed batch sizes
-              fused_norms=not args.no_fused_norms, kv_cache_dtype=args.kv_cache_dtype)
+              fused_norms=not args.no_fused_norms, kv_cache_dtype=args.kv_cache_dtype,
+              engine_core_process=False)  # the harness times and profiles the in-process core's steps
     if args.quantization:
         kw["quantization"] = args.quantization
     if cuda:

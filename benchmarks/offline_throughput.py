@@ -10,8 +10,11 @@ Systems (one table row each per batch size):
   hf-dynamic  transformers `generate`, default DynamicCache, eager.
   hf-static   transformers `generate(cache_implementation="static")`; on CUDA transformers compiles the forward,
               once per batch size (the warm-up run at the timed shape pays for it). Run once, not per ladle variant.
-  ladle variants (--variants, default `ladle` = engine defaults incl. CUDA graphs on cuda, and `ladle-eager`
-              = enforce_eager). Per variant also the mean decode-step time from one extra instrumented run
+  ladle variants (--variants, default `ladle` = engine defaults incl. CUDA graphs on cuda and, there, the engine
+              core in its own process; and `ladle-eager` = enforce_eager). Per variant the engine core's host time
+              per step over the timed runs (core_host_ms: schedule + execute + update; core_wait_ms: blocked on
+              the device; from LLM.core_stats), and, when the core runs in-process (`{"engine_core_process":
+              false}`, the CPU default), the mean decode-step time from one extra instrumented run
               (benchmarks/gpu_e2e.py `_StepTimer`: wall per step, plus the GPU forward share on CUDA).
   vllm        (--vllm, CUDA only) vLLM's own `LLM.generate`, dummy weights (load_format="dummy"), the same prompt
               token ids, greedy, ignore_eos, CUDA graphs (vLLM default); run FIRST, in a child process (this script
@@ -174,7 +177,7 @@ def bench_ladle(args, name: str, engine_kw: dict, prompts: dict, device: torch.d
     for b in args.batch_sizes:
         ids = prompts[b].tolist()
         llm.generate(ids, SamplingParams(max_tokens=min(8, args.output_len), ignore_eos=True, temperature=0.0))
-        walls = []
+        walls, stats0 = [], llm.core_stats()
         for _ in range(args.repeats):
             _sync(device)
             t = time.perf_counter()
@@ -187,7 +190,8 @@ def bench_ladle(args, name: str, engine_kw: dict, prompts: dict, device: torch.d
                 failures.append(f"{name} B={b}: token counts {sorted(set(counts))}, finish {sorted(map(str, reasons))}"
                                 f", {len(outs)} outputs; expected {b} x {args.output_len}, 'length'")
         rec = _row(name, b, args.output_len, walls)
-        if not args.no_step_timing:
+        rec.update(_core_host_per_step(stats0, llm.core_stats()))
+        if not args.no_step_timing and llm.core is not None:  # the timer wraps the in-process core's runner
             timer = _step_timer(llm.core, device)
             try:
                 llm.generate(ids, params)
@@ -200,9 +204,24 @@ def bench_ladle(args, name: str, engine_kw: dict, prompts: dict, device: torch.d
     # the step timer holds llm.core (and with it the KV cache): drop both before freeing, or the next variant's
     # memory profile counts this engine's cache as its own peak (seen on an H200: "no GPU memory left")
     timer = None  # noqa: F841
+    llm.shutdown()  # the engine-core process (engine_core_process, the CUDA default) holds the GPU memory
     del llm
     _free(device)
     return rows, failures
+
+
+def _core_host_per_step(before: dict, after: dict) -> dict:
+    """The engine core's host milliseconds per step between two core_stats snapshots: `core_host_ms` (schedule +
+    execute + update: the core's own Python, launches included) and `core_wait_ms` (asynchronous scheduling: blocked
+    on the device, i.e. device time not hidden behind host work). Output processing is not in it (with the core in
+    its own process it runs beside the core)."""
+    steps = after.get("num_steps", 0) - before.get("num_steps", 0)
+    if steps <= 0:
+        return {}
+    a, b = after.get("step_host_seconds", {}), before.get("step_host_seconds", {})
+    delta = {k: (a.get(k, 0.0) - b.get(k, 0.0)) * 1e3 / steps for k in a}
+    return {"core_host_ms": sum(delta.get(k, 0.0) for k in ("schedule", "execute", "update")),
+            "core_wait_ms": delta.get("wait", 0.0), "core_steps": steps}
 
 
 def _row(system: str, batch: int, output_len: int, walls: list[float]) -> dict:
@@ -361,6 +380,7 @@ def check_parity(args, cfg: dict, device: torch.device) -> dict:
         llm = LLM(tmp, load_format="safetensors", **kw)
         outs = llm.generate(ids.tolist(), SamplingParams(max_tokens=n_out, ignore_eos=True, temperature=0.0))
         got = [list(o.outputs[0].token_ids) for o in outs]
+        llm.shutdown()
         del llm
         _free(device)
     finally:
@@ -390,14 +410,15 @@ def add_ratios(rows: list[dict]) -> None:
 
 def format_table(rows: list[dict]) -> str:
     head = f"{'batch':>5}  {'system':<14} {'out tok/s':>11} {'ladle/hf-dyn':>13} {'ladle/hf-static':>16} " \
-           f"{'ladle/vllm':>11} {'decode step ms':>15} {'(GPU fwd ms)':>13}"
+           f"{'ladle/vllm':>11} {'decode step ms':>15} {'(GPU fwd ms)':>13} {'core host ms':>13} {'core wait ms':>13}"
     lines = [head, "-" * len(head)]
     for r in sorted(rows, key=lambda r: (r["batch"], not _is_baseline(r["system"]), r["system"])):
         def cell(key, fmt, width):
             return f"{r[key]:{width}{fmt}}" if key in r else " " * (width - 1) + "-"
         lines.append(f"{r['batch']:>5}  {r['system']:<14} {r['out_tok_s']:>11.1f} {cell('x_hf_dynamic', '.2f', 13)} "
                      f"{cell('x_hf_static', '.2f', 16)} {cell('x_vllm', '.2f', 11)} {cell('step_ms', '.2f', 15)} "
-                     f"{cell('forward_gpu_ms', '.2f', 13)}")
+                     f"{cell('forward_gpu_ms', '.2f', 13)} {cell('core_host_ms', '.2f', 13)} "
+                     f"{cell('core_wait_ms', '.2f', 13)}")
     return "\n".join(lines)
 
 

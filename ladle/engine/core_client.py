@@ -18,11 +18,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing as mp
-import os
 import pickle
 import shutil
-import tempfile
 import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Optional
@@ -34,6 +31,7 @@ from ladle.core.outputs import FINISH_ABORT, RequestRejected
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine import core_messages as msg
 from ladle.engine.client import EngineClient, EngineError, EngineStats, RequestOutput
+from ladle.engine.core_spawn import spawn_core
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.output_stream import RequestOutputStream
 
@@ -70,49 +68,10 @@ class CoreProcessEngine(EngineClient):
     @classmethod
     def start(cls, engine_config: Any, startup_timeout_s: float = 3600.0,
               core_target: Optional[Callable[..., Any]] = None) -> "CoreProcessEngine":
-        """Spawn the engine-core process and wait for its Ready. `core_target` replaces `run_engine_core` (same
-        arguments: engine_config, input address, output address, parent pid): benchmarks put a fake core there."""
-        ipc_dir = tempfile.mkdtemp(prefix="ladle-core-")
-        zctx = zmq.Context()
-        to_core, from_core = zctx.socket(zmq.PUSH), zctx.socket(zmq.PULL)
-        to_core.setsockopt(zmq.SNDHWM, 0)
-        to_core.setsockopt(zmq.LINGER, 0)
-        to_core.bind(f"ipc://{ipc_dir}/in")
-        from_core.bind(f"ipc://{ipc_dir}/out")
-        if core_target is None:
-            from ladle.engine.core_process import run_engine_core as core_target
-
-        proc = mp.get_context("spawn").Process(
-            target=core_target, name="ladle-engine-core", daemon=False,
-            args=(engine_config, f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out", os.getpid()))
-        try:
-            proc.start()
-            ready = cls._wait_ready(proc, from_core, startup_timeout_s)
-        except BaseException:  # a failed build, a signal while loading: no core outlives this
-            if proc.is_alive():
-                proc.kill()
-            if proc.pid is not None:
-                proc.join(5)
-            to_core.close(0)
-            from_core.close(0)
-            zctx.term()
-            shutil.rmtree(ipc_dir, ignore_errors=True)
-            raise
-        return cls(proc, zctx, to_core, from_core, ipc_dir, ready)
-
-    @staticmethod
-    def _wait_ready(proc: Any, from_core: Any, timeout_s: float) -> msg.Ready:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if from_core.poll(200):
-                message = msg.from_core_decoder.decode(from_core.recv())
-                if isinstance(message, msg.Ready):
-                    return message
-                if isinstance(message, msg.CoreDead):
-                    raise EngineError(message.message)
-            elif not proc.is_alive():
-                raise EngineError(f"the engine core process exited while starting (exit code {proc.exitcode})")
-        raise EngineError(f"the engine core did not start within {timeout_s:.0f} s")
+        """Spawn the engine-core process and wait for its Ready (ladle/engine/core_spawn.py; `core_target` replaces
+        `run_engine_core`: benchmarks put a fake core there)."""
+        core = spawn_core(engine_config, startup_timeout_s, core_target)
+        return cls(core.proc, core.zctx, core.to_core, core.from_core, core.ipc_dir, core.ready)
 
     # ---- EngineClient ------------------------------------------------------------------------------
 

@@ -94,6 +94,15 @@ def _leave_a_core_to_the_server(engine_config: Any) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
 
 
+def core_stats(core: Any) -> dict:
+    """The stats snapshot every core->client message carries: SchedulerStats fields, `step_host_seconds` (host
+    seconds per phase of EngineCore.step since start) and `num_steps`."""
+    out = dict(vars(core.get_stats()))  # a fresh object per call, immutable fields: no deep copy
+    out["step_host_seconds"] = dict(core.step_host_s)
+    out["num_steps"] = core.num_steps
+    return out
+
+
 class CoreLoop:
     """The message and step loop around one EngineCore. `send(message)` writes to the output socket; `inbox` is
     the input socket (anything with zmq's `poll` and `recv`)."""
@@ -135,10 +144,7 @@ class CoreLoop:
             core.shutdown()
 
     def stats(self) -> dict:
-        out = dict(vars(self.core.get_stats()))  # a fresh object per call, immutable fields: no deep copy
-        out["step_host_seconds"] = dict(self.core.step_host_s)
-        out["num_steps"] = self.core.num_steps
-        return out
+        return core_stats(self.core)
 
     def _drain(self) -> bool:
         """Apply every queued message; one StepOutputs carries the outputs of the aborts and the new stats.

@@ -1,9 +1,14 @@
 """The offline API: `LLM(model=None, **engine_kwargs).generate(prompts, sampling_params)`.
 
-Runs the EngineCore synchronously on the caller's thread (no engine thread). Stop strings found by the
-detokenizer finish their request right after the step that produced them. Output processing is final-only
-(OutputProcessor(final_only=True)): every step still detokenizes and checks stop strings, but RequestOutputs are
-built only for requests that finish.
+Where the engine core runs (`engine_core_process`, an EngineConfig field like any other kwarg):
+  * its own process (True; the default on CUDA, as vLLM's LLM): ladle/engine/offline_core.py drives the same
+    engine-core process as `ladle serve`; this process tokenizes, detokenizes and checks stop strings while the core
+    steps, so output processing is off the step's critical path. A stop string finishes its request when the core
+    hears of it, one or two steps after it was sampled (the extra tokens are dropped, as in the server).
+  * the caller's thread (False; the default on CPU, where the model's intra-op threads need every core): EngineCore
+    runs synchronously, and a stop string finishes its request right after the step that produced it.
+Output processing is final-only either way (OutputProcessor(final_only=True)): every step still detokenizes and
+checks stop strings, but RequestOutputs are built only for requests that finish.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any, Optional, Sequence, Union
 
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import RequestOutput
+from ladle.engine.config_resolve import resolve_device
 from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
 from ladle.engine.logprobs import TokenTexts, offline_request_output
 from ladle.engine.output_processor import OutputProcessor
@@ -28,16 +34,41 @@ class LLM:
     refuses its flag (engine_factory.engine_config_from_kwargs)."""
 
     def __init__(self, model: Optional[str] = None, *, bundle: Optional[EngineBundle] = None, **kwargs: Any) -> None:
-        self.bundle = bundle if bundle is not None else build_engine(engine_config_from_kwargs(model, **kwargs))
-        self.core = self.bundle.core
-        self.tokenizer = self.bundle.tokenizer
-        self.engine_config = self.bundle.engine_config
+        self.remote: Optional[Any] = None  # CoreProcessDriver when the core runs in its own process
+        if bundle is None:
+            if "engine_core_process" not in kwargs:  # vLLM's offline default (multiprocessing) where it pays
+                kwargs["engine_core_process"] = resolve_device(str(kwargs.get("device", "auto"))) == "cuda"
+            config = engine_config_from_kwargs(model, **kwargs)
+            if config.parallel.engine_core_process:
+                from ladle.engine.offline_core import CoreProcessDriver
+
+                self.remote = CoreProcessDriver.start(config)
+            else:
+                bundle = build_engine(config)
+        self.bundle = bundle
+        self.core = bundle.core if bundle is not None else None  # None: the core is in its own process
+        front = bundle if bundle is not None else self.remote
+        self.tokenizer = front.tokenizer
+        self.engine_config = front.engine_config
         self.processor = OutputProcessor(self.tokenizer, final_only=True)
         self._token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
 
+    def core_stats(self) -> dict:
+        """The engine core's stats snapshot (ladle/engine/core_process.core_stats: SchedulerStats fields,
+        `step_host_seconds` per phase, `num_steps`); with the core in its own process, as of its last message."""
+        if self.remote is not None:
+            return dict(self.remote.stats)
+        from ladle.engine.core_process import core_stats
+
+        return core_stats(self.core)
+
     def shutdown(self) -> None:
-        """Stop the tensor-parallel worker processes (if any; they also stop when this process exits)."""
-        self.core.shutdown()
+        """Stop the engine-core process or the tensor-parallel worker processes (if any; they also stop when this
+        process exits)."""
+        if self.remote is not None:
+            self.remote.shutdown()
+        else:
+            self.core.shutdown()
 
     def __enter__(self) -> "LLM":
         return self
@@ -71,23 +102,28 @@ class LLM:
         if self.tokenizer is not None:  # the runner's top-k cannot give more alternatives than the vocabulary has
             for params in params_list:
                 params.check_logprobs_limit(len(self.tokenizer), "the vocabulary size")
-        order: list[str] = []
+        prompts_in: list[tuple[str, list[str], list[int], SamplingParams]] = []
         try:
-            requests = []
             for prompt, params in zip(prompts, params_list):
                 ids = self._encode(prompt)
                 parent_id = f"cmpl-{uuid.uuid4().hex}"
-                order.append(parent_id)
-                requests += self.core.make_child_requests(self.processor.add_request(parent_id, ids, params), ids,
-                                                          params)
-            self.core.add_requests(requests)
+                prompts_in.append((parent_id, self.processor.add_request(parent_id, ids, params), ids, params))
+            if self.remote is not None:
+                final = self.remote.run(self.processor, prompts_in)
+            else:
+                self.core.add_requests([r for parent_id, child_ids, ids, params in prompts_in
+                                        for r in self.core.make_child_requests(child_ids, ids, params)])
+                final = self._run()
         except BaseException:
-            for pid in order:
-                self.processor.remove_request(pid)
+            if self.core is not None:  # an interrupt mid-run: free the call's blocks (the driver does this itself)
+                self.core.abort_requests([c for p in prompts_in for c in p[1]])
+            for parent_id, *_ in prompts_in:
+                self.processor.remove_request(parent_id)
             raise
-        return self._run(order)
+        return [offline_request_output(final[p[0]], self._token_texts) for p in prompts_in]
 
-    def _run(self, order: list[str]) -> list[RequestOutput]:
+    def _run(self) -> dict[str, RequestOutput]:
+        """The in-process loop: step the core until it has nothing left; parent id -> final RequestOutput."""
         final: dict[str, RequestOutput] = {}
         while self.core.has_unfinished_requests():
             outputs = self.core.step()
@@ -95,4 +131,4 @@ class LLM:
             self.core.finish_processed(processed.stop_hits, processed.failed_ids)
             for ro in processed.request_outputs:  # final_only: one per request, when it finished
                 final[ro.request_id] = ro
-        return [offline_request_output(final[pid], self._token_texts) for pid in order]
+        return final

@@ -61,7 +61,8 @@ def test_engine_with_cuda_graphs_matches_eager_kernel_path(ckpt):
     prompts = [prompt(150, 2), prompt(70, 3), prompt(33, 4)]
     eager = PagedDriver(load_m3_dir(ckpt, torch.float32, "cuda"), 40, backends=OpBackends.kernels())
     want = eager.greedy(dict(enumerate(prompts)), 24)
-    llm = LLM(ckpt, device="cuda", dtype="float32", kv_cache_memory_bytes=64 << 20)
+    llm = LLM(ckpt, device="cuda", dtype="float32", kv_cache_memory_bytes=64 << 20,
+              engine_core_process=False)  # the dispatch record below lives in this process
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == [want[0], want[1], want[2]]
     from ladle.observe import dispatch

@@ -1,0 +1,138 @@
+"""The offline LLM with its engine core in its own process (`engine_core_process=True`, ladle/engine/offline_core.py)
+on the tiny MiniMax-M3 config with dummy weights: every field of the final outputs equals the in-process LLM's
+(greedy and seeded sampling, n > 1, logprobs, prompt logprobs, stop strings, max_tokens); a rejected prompt aborts
+its whole call and leaves the core serving with no blocks held; a killed core raises EngineError now and later;
+shutdown and interpreter exit leave no process behind; the CPU default stays in-process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from ladle.core.outputs import RequestRejected
+from ladle.core.sampling_params import SamplingParams
+from ladle.engine.client import EngineError
+from ladle.engine.llm import LLM
+
+ENGINE = dict(load_format="dummy", max_model_len=128, kv_cache_memory_bytes=4 << 20, seed=3)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_m3_dir):
+    """(in-process LLM, core-process LLM) on the same config."""
+    local = LLM(tiny_m3_dir, engine_core_process=False, **ENGINE)
+    remote = LLM(tiny_m3_dir, engine_core_process=True, **ENGINE)
+    yield local, remote
+    remote.shutdown()
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 200) for _ in range(rng.randrange(4, 24))] for _ in range(n)]
+
+
+def _fields(outputs) -> list:
+    """Every field a caller reads, per request and choice (request ids differ by construction)."""
+    rows = []
+    for ro in outputs:
+        rows.append((ro.prompt_token_ids, ro.prompt_logprobs, ro.finished))
+        rows += [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason, c.logprobs)
+                 for c in ro.outputs]
+    return rows
+
+
+def test_modes_and_defaults(pair, tiny_m3_dir):
+    local, remote = pair
+    assert local.remote is None and local.core is not None
+    assert remote.core is None and remote.remote.is_healthy()
+    assert remote.engine_config.parallel.engine_core_process is True
+    assert local.engine_config.parallel.engine_core_process is False
+    default = LLM(tiny_m3_dir, **ENGINE)  # CPU: in-process unless asked
+    assert default.remote is None and default.engine_config.parallel.engine_core_process is False
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+    SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=11, n=3, ignore_eos=True),
+    SamplingParams(max_tokens=9, temperature=0.0, logprobs=3, prompt_logprobs=2, ignore_eos=True),
+], ids=["greedy", "seeded-n3", "logprobs"])
+def test_same_outputs_as_in_process(pair, params):
+    local, remote = pair
+    prompts = _prompts(7, seed=5)
+    assert _fields(remote.generate(prompts, params)) == _fields(local.generate(prompts, params))
+
+
+def test_stop_string_finishes_like_in_process(pair):
+    local, remote = pair
+    prompts = _prompts(6, seed=9)
+    probe = local.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    # a stop string taken from the middle of each greedy text: the request must end there in both modes
+    stops = [o.outputs[0].text[3:6] for o in probe if len(o.outputs[0].text) > 8]
+    assert stops, "no text long enough to cut a stop string from"
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop=stops)
+    got, want = remote.generate(prompts, params), local.generate(prompts, params)
+    assert _fields(got) == _fields(want)
+    assert any(o.outputs[0].finish_reason == "stop" for o in got)
+    # the core heard of the stop hits after its last message; the next call's messages come after them
+    remote.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    stats = remote.core_stats()
+    assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_total_blocks"], stats
+
+
+def test_rejected_prompt_aborts_the_call_and_keeps_serving(pair):
+    local, remote = pair
+    fits, too_long = _prompts(3, seed=1), [list(range(3, 3 + ENGINE["max_model_len"] + 4))]
+    with pytest.raises(RequestRejected, match="maximum context length"):
+        remote.generate(fits + too_long, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    assert _fields(remote.generate(fits, params)) == _fields(local.generate(fits, params))
+    stats = remote.core_stats()
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"], stats
+
+
+def test_killed_core_raises_engine_error_now_and_later(tiny_m3_dir):
+    llm = LLM(tiny_m3_dir, engine_core_process=True, **ENGINE)
+    pid = llm.remote._core.proc.pid
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="exited"):
+        llm.generate(_prompts(2, seed=2), SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(EngineError, match="not running"):
+        llm.generate(_prompts(1, seed=3), SamplingParams(max_tokens=4))
+    llm.shutdown()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_shutdown_and_exit_leave_no_process(tiny_m3_dir):
+    llm = LLM(tiny_m3_dir, engine_core_process=True, **ENGINE)
+    pid = llm.remote._core.proc.pid
+    llm.shutdown()
+    llm.shutdown()  # idempotent
+    assert not psutil.pid_exists(pid)
+    # a script that never calls shutdown: the interpreter exits promptly with 0 and takes the core with it
+    script = textwrap.dedent(f"""
+        import os, sys
+        from ladle.core.sampling_params import SamplingParams
+        from ladle.engine.llm import LLM
+        llm = LLM({tiny_m3_dir!r}, engine_core_process=True, **{ENGINE!r})
+        print(llm.remote._core.proc.pid, flush=True)
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 3
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    core_pid = int(done.stdout.split()[0])
+    time.sleep(0.5)
+    assert not psutil.pid_exists(core_pid) or psutil.Process(core_pid).status() == psutil.STATUS_ZOMBIE
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
