@@ -24,6 +24,9 @@ poisoned outputs and is checked against the same reference three times: after on
 timing loop, after the CUDA-graph replays ("a/b/c" in the error column; a counter that failed to reset would leave
 poison behind).
 
+MoE combine: `_moe_combine_kernel` (op "moe_combine", the fused MoE launchers' last step) timed alone at M = 32 and
+8192 against the torch expression it replaces (fp32 sum over the slots + cast; row "  combine torch").
+
 The TP4-rank proxy (whole decode step and 8K prefill through the engine, against the byte / FLOP rooflines) is
 benchmarks/gpu_m3_proxy.py (run separately: it holds ~120 GiB of the GPU).
 """
@@ -42,7 +45,8 @@ import torch
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import (L2_BYTES, measure_bf16_gemm_tflops, measure_copy_bandwidth, rel_err,  # noqa: E402
                                          time_graph_us, time_single_us)
-from ladle.kernels.fused_moe import MoETileConfig, fused_moe_ref, fused_moe_triton, select_config  # noqa: E402
+from ladle.kernels.fused_moe import (MoETileConfig, fused_moe_ref, fused_moe_triton, moe_combine_ref,  # noqa: E402
+                                     moe_combine_triton, select_config)
 from ladle.kernels.moe_router import moe_router_ref, moe_router_triton  # noqa: E402
 from ladle.kernels.msa_indexer import msa_indexer_triton  # noqa: E402
 from ladle.kernels.msa_sparse_attention import msa_sparse_attention_triton  # noqa: E402
@@ -326,6 +330,21 @@ def moe_config_row(cfg, M, xs, routes, w13, w2, ref, label, distinct, prefill, n
             0 if prefill else nbytes, flops, f"rel {err:.2e}", target, bw, fl)
 
 
+def run_moe_combine(M, bw, fl):
+    """The combine over k = K_ROUTED + 1 slots, Triton vs the torch expression it replaced (fp32 sum, then a cast).
+    Both rows count the kernel's bytes (M*k*HID fp32 in, M*HID bf16 out), so their %BW compare the same work."""
+    k = K_ROUTED + 1
+    R = max(1, math.ceil(4 * L2_BYTES / (M * k * HID * 4)))
+    slots = [torch.randn(M * k, HID, device="cuda") for _ in range(R)]
+    ref = moe_combine_ref(slots[0], M, k, DT)
+    err = rel_err(moe_combine_triton(slots[0], M, k, DT).float(), ref.float())
+    nbytes = M * k * HID * 4 + M * HID * 2
+    for name, fn in (("moe_combine", moe_combine_triton), ("  combine torch", moe_combine_ref)):
+        fns = [lambda s=s, fn=fn: fn(s, M, k, DT) for s in slots]
+        add_row(name, f"M={M} k={k} H={HID} bf16", time_single_us(fns[0]), time_graph_us(fns), nbytes, 0,
+                f"rel {err:.2e}" if name == "moe_combine" else "reference", ">=80% copy BW", bw, fl)
+
+
 def guarded(fn, *args):
     """Run one case; a failure is logged and recorded, the rest of the suite still runs."""
     try:
@@ -373,6 +392,8 @@ def main():
     for M in (1, 32, 128):
         guarded(run_moe, M, W, bw, fl, [select_config(M)] + ([] if args.quick else [c for c in small if c != select_config(M)]))
     guarded(run_moe, 8192, W, bw, fl, [select_config(8192)] + ([] if args.quick else [c for c in large if c != select_config(8192)]))
+    for M in (32, 8192):
+        guarded(run_moe_combine, M, bw, fl)
     finish(args, dev, bw, fl, t0)
 
 

@@ -1,6 +1,6 @@
 """Helpers shared by the kernel launchers: the one guarded `import triton`, where Triton may run, dispatch
-recording, cache-shape checks, small launch facts (SM count, tl.dot precision, log2(e)) and the bucket rule of the
-tile tables (`MAX_TOKENS`, `tile_row`).
+recording, cache-shape checks, small launch facts (SM count, tl.dot precision, log2(e)), the bucket rule of the
+tile tables (`MAX_TOKENS`, `tile_row`) and the in-kernel rounding to a storage dtype (`round_to`).
 
 Kernel modules take `triton` and `tl` from here. On an install without Triton (the package marks it Linux-only)
 they are `_NoTriton` stand-ins: `@triton.jit` returns the function unchanged, so every op module still imports and
@@ -90,6 +90,24 @@ def dot_precision(dtype: torch.dtype) -> str:
     """`tl.dot` input precision: exact fp32 ("ieee") for float32 inputs, so a float32 run matches the float32
     reference instead of carrying TF32 rounding (10-bit mantissa); ignored for bf16/fp16 inputs."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def round_to(x, dt: tl.constexpr):
+    """float32 x rounded to dtype `dt` (round to nearest even), returned as float32. bf16 rounds with integer ops on
+    the float32 bits, so the round trip cannot be optimised away (seen on an H200 with triton 3.6: with `.to(bf16)
+    .to(fp32)` around each product, 12% of head_norm_rope's outputs differed from the torch rounding, about what one
+    rounding instead of three gives; the compiler step responsible was not isolated) and the CPU interpreter, which
+    truncates on a bf16 cast, rounds the same way; `.to(dt)` of the result is then exact. NaN stays NaN (the bit
+    trick would carry a NaN's mantissa into the exponent or the sign); +-inf stay, overflow rounds to inf."""
+    if dt == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x == x, b.to(tl.float32, bitcast=True), x)
+    elif dt == tl.float32:
+        return x
+    else:
+        return x.to(dt).to(tl.float32)
 
 
 def num_sms(device: torch.device) -> int:

@@ -15,7 +15,10 @@ Kernels (kernels_and_limits.md §1.1, vLLM fused_moe structure, written from tha
                    intermediate [max_padded, I] (x dtype);
   `_gemm2_kernel`  same tiling over (max_padded/BM) x cdiv(H, BN): intermediate @ w2[e]^T, x routed weight,
                    stored fp32 to per-slot rows out_slots[T*k, H];
-  combine          out = out_slots.view(T, k, H).sum(1) (deterministic; torch).
+  `_moe_combine_kernel`  out[t] = sum over the k slot rows t*k .. t*k+k-1 of out_slots, fp32 in slot order,
+                   cast to x.dtype in the same pass (op "moe_combine", `moe_combine`; shared by the FP8 and MXFP4
+                   launchers). No atomics: gemm2's tiles run in expert order, so a token's k slots land in different
+                   programs; the per-slot rows keep the result deterministic.
 Tiles past num_tokens_post_padded exit at once; all grids depend on shapes only (CUDA-graph capturable).
 Tile config from the local shape (`select_config`): M = tokens in the call.
 """
@@ -27,13 +30,16 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_row, triton_ok, tl, triton
+from ladle.kernels._common import (MAX_TOKENS, decide_triton, interpreting, round_to, tile_row, triton_ok, tl,
+                                   triton)
 from ladle.kernels.moe_align import moe_align_triton
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
 OP = "fused_moe"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); bf16/fp16/fp32 weights = x dtype")
+OP_COMBINE = "moe_combine"
+dispatch.register(OP_COMBINE, "triton", "cuda (or cpu+TRITON_INTERPRET); out_slots [T*k, H] fp32 contiguous")
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -267,7 +273,69 @@ def fused_moe_triton(
         BM=bm, BN=bn2, BK=bk2, EVEN_K=I % bk2 == 0, F32_DOT=f32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out_slots.view(T, k, H).sum(dim=1).to(x.dtype)
+    return moe_combine(out_slots, T, k, x.dtype, use_triton=True)
+
+
+@triton.jit
+def _moe_combine_kernel(slots_ptr, out_ptr, T, H, K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+    """Program (token block, H block): out[t, h] = (((s[t*K] + s[t*K+1]) + ...) + s[t*K+K-1])[h], fp32, rounded to
+    out's dtype by `round_to` (round to nearest even, under the interpreter too). The K loads of a tile are unrolled
+    (K constexpr) so they are all in flight at once."""
+    offs_t = tl.program_id(0) * BT + tl.arange(0, BT)
+    offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
+    ok = (offs_t < T)[:, None] & (offs_h < H)[None, :]
+    ptrs = slots_ptr + (offs_t.to(tl.int64) * K)[:, None] * H + offs_h[None, :]
+    acc = tl.load(ptrs, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    for i in tl.static_range(1, K):
+        acc += tl.load(ptrs + i * H, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    out = out_ptr + offs_t.to(tl.int64)[:, None] * H + offs_h[None, :]
+    dt = out_ptr.dtype.element_ty
+    tl.store(out, round_to(acc, dt).to(dt), mask=ok)
+
+
+def combine_tile(num_tokens: int) -> tuple[int, int]:
+    """(BT tokens, BH columns) per program of `_moe_combine_kernel`: 1 x 1024 up to 256 tokens (decode: enough
+    programs for the SMs), 4 x 1024 above (prefill: 16 KiB of fp32 per slot per program, 16-byte loads)."""
+    return (1 if num_tokens <= 256 else 4), 1024
+
+
+def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
+                       block_t: Optional[int] = None, block_h: Optional[int] = None) -> torch.Tensor:
+    """out_slots [T*k, H] float32 contiguous (row t*k + i: slot i of token t) -> [T, H] in out_dtype, one pass.
+    Sums the slots in the fixed order ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounds once to
+    out_dtype (round to nearest even), so the result is deterministic and bitwise equal to that sequential fp32
+    loop done in torch. Against `moe_combine_ref` (torch's sum, whose pairing of the slots depends on device and
+    shape: on the CPU it is this sequential order for some shapes, not for others): equal values (torch.equal; a
+    zero's sign may differ, torch starts from +0) for k <= 2, else equal up to fp32 summation order, |diff| <=
+    2 (k-1) 2^-24 sum_i |s_i| before the one rounding to out_dtype. block_t / block_h override `combine_tile`.
+    No host sync: CUDA-graph capturable."""
+    T, H = num_tokens, out_slots.shape[1]
+    assert out_slots.shape == (T * k, H) and out_slots.dtype == torch.float32 and out_slots.is_contiguous()
+    out = torch.empty((T, H), dtype=out_dtype, device=out_slots.device)
+    if T == 0:
+        return out
+    bt, bh = combine_tile(T)
+    bt, bh = block_t or bt, block_h or bh
+    _moe_combine_kernel[(triton.cdiv(T, bt), triton.cdiv(H, bh))](out_slots, out, T, H, K=k, BT=bt, BH=bh,
+                                                                   num_warps=4)
+    return out
+
+
+def moe_combine_ref(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """Torch reference: out_slots [T*k, H] float32 -> [T, H] = out_slots.view(T, k, H).sum(dim=1).to(out_dtype)."""
+    return out_slots.view(num_tokens, k, out_slots.shape[1]).sum(dim=1).to(out_dtype)
+
+
+def moe_combine(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype, *,
+                use_triton: bool) -> torch.Tensor:
+    """Dispatching entry point of the combine over the k slots (records op "moe_combine", bucket = tokens); the
+    fused MoE launchers call it with use_triton=True. Fallback: `moe_combine_ref`."""
+    reason: Optional[str] = triton_ok(out_slots)
+    if reason is None and not out_slots.is_contiguous():
+        reason = "out_slots not contiguous"
+    if decide_triton(OP_COMBINE, num_tokens, use_triton, reason):
+        return moe_combine_triton(out_slots, num_tokens, k, out_dtype)
+    return moe_combine_ref(out_slots, num_tokens, k, out_dtype)
 
 
 def swigluoai_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA,

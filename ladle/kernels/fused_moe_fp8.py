@@ -2,7 +2,8 @@
 
 Same structure and math as ladle/kernels/fused_moe.py (align by expert, GEMM 1 with the swigluoai epilogue, GEMM 2
 with the routed weight, combine over the k slots; shared helpers `moe_launch_plan`, `moe_tile_rows`,
-`moe_tile_cols`, `store_swigluoai` come from there), with the block-wise FP8 mode of kernels_and_limits.md §1.2:
+`moe_tile_cols`, `store_swigluoai` and the combine op `moe_combine` come from there), with the block-wise FP8 mode of
+kernels_and_limits.md §1.2:
   weights   w13 [E', 2I, H] float8_e4m3fn + w13_scale [E', 2I, ceil(H/128)] float32 (one scale per row per 128-group
             of K, ladle/kernels/fp8_gemm.py), w2 [E', H, I] fp8 + w2_scale [E', H, ceil(I/128)] float32; or MXFP8
             as released: uint8 E8M0 scales [E', 2I, H/32] / [E', H, I/32] (K steps of 32, as in fp8_gemm.py);
@@ -25,8 +26,8 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.kernels.fp8_gemm import fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
-from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, moe_launch_plan,
-                                     moe_tile_cols, moe_tile_rows, swigluoai_ref, store_swigluoai)
+from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, moe_combine,
+                                     moe_launch_plan, moe_tile_cols, moe_tile_rows, swigluoai_ref, store_swigluoai)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -140,7 +141,7 @@ def fused_moe_fp8_triton(
         i_q, i_s, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
         triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0),
         BM=bm, BN=bn2, BK=g, E8M0=e8m0, F32_DOT=f32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out_slots.view(T, k, H).sum(dim=1).to(x.dtype)
+    return moe_combine(out_slots, T, k, x.dtype, use_triton=True)
 
 
 def fused_moe_fp8_ref(

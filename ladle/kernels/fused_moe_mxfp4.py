@@ -37,10 +37,10 @@ Variants (one kernel pair, constexpr FP8_ACT; op names for ladle.observe.dispatc
                                 accumulator, and the step's partial is multiplied by a_scale[:, None] once. fp8 x fp8
                                 dots would need the weight scale applied per 32-group after the dot (E2M1 x 2^(s-127)
                                 leaves e4m3's range), i.e. the K = 32 dots this layout removes.
-Same structure as ladle/kernels/fused_moe.py (shared `moe_launch_plan`, `moe_tile_rows`, `store_swigluoai`):
-GEMM 1 with the swigluoai epilogue into intermediate [P, I] (x dtype), GEMM 2 with the routed weight into per-slot
-rows, combine over the k slots. Reference `fused_moe_mxfp4_ref`: dequantise (exact), then `fused_moe_ref` (W4A16)
-or `w8a8_moe_ref` (W4A8, activations quantized at the kernel's points).
+Same structure as ladle/kernels/fused_moe.py (shared `moe_launch_plan`, `moe_tile_rows`, `store_swigluoai`, the
+combine op `moe_combine`): GEMM 1 with the swigluoai epilogue into intermediate [P, I] (x dtype), GEMM 2 with the
+routed weight into per-slot rows, combine over the k slots. Reference `fused_moe_mxfp4_ref`: dequantise (exact),
+then `fused_moe_ref` (W4A16) or `w8a8_moe_ref` (W4A8, activations quantized at the kernel's points).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from ladle.kernels._common import decide_triton, interpreting, tl, triton, trito
 from ladle.kernels.fp8_quant import MX_GROUP, act_quant, dequant_mxfp4
 from ladle.kernels.fused_moe_fp8 import w8a8_moe_ref
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, fused_moe_ref,
-                                     moe_launch_plan, moe_tile_cols, moe_tile_rows, store_swigluoai)
+                                     moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, store_swigluoai)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -261,7 +261,7 @@ def fused_moe_mxfp4_triton(
         I // 8, i_s.shape[1] if fp8_activations else 0, w2_words.stride(0), w2_scale.stride(0),
         BM=bm, BN=bn2, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
         BF16=bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out_slots.view(T, k, H).sum(dim=1).to(x.dtype)
+    return moe_combine(out_slots, T, k, x.dtype, use_triton=True)
 
 
 def fused_moe_mxfp4_ref(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ladle.kernels._common import decide_triton, triton_ok, tl, triton
+from ladle.kernels._common import decide_triton, round_to, triton_ok, tl, triton
 from ladle.kernels.rmsnorm import rms_norm_ref
 from ladle.kernels.rope import rotate_ref
 from ladle.observe import dispatch
@@ -28,23 +28,6 @@ from ladle.observe.op_timing import timed_op
 
 dispatch.register("head_norm_rope", "triton",
                   "cuda (or interpreter); x [T, H, D] unit last stride; cos/sin [T, r] contiguous, x's dtype; even r <= D")
-
-
-@triton.jit
-def _round_to(x, dt: tl.constexpr):
-    """float32 x rounded to dtype `dt` (round to nearest even), returned as float32. bf16 rounds with integer ops on
-    the float32 bits, so the round trip cannot be optimised away (seen on an H200 with triton 3.6: with `.to(bf16)
-    .to(fp32)` around each product, 12% of outputs differed from the torch rounding, about what one rounding instead
-    of three gives; the compiler step responsible was not isolated) and the CPU interpreter, which truncates on a
-    bf16 cast, rounds the same way. Finite inputs only (NaN/inf are not preserved)."""
-    if dt == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True)
-    elif dt == tl.float32:
-        return x
-    else:
-        return x.to(dt).to(tl.float32)
 
 
 @triton.jit
@@ -74,20 +57,20 @@ def _head_norm_rope_kernel(
     inv = tl.rsqrt(ss / HEAD_DIM + eps)[:, None]
     w1 = 1.0 + tl.load(w_ptr + offs_c, mask=mc, other=0.0).to(tl.float32)
     w2 = 1.0 + tl.load(w_ptr + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)
-    n1 = _round_to(x1 * inv * w1[None, :], dt)
-    n2 = _round_to(x2 * inv * w2[None, :], dt)
+    n1 = round_to(x1 * inv * w1[None, :], dt)
+    n2 = round_to(x2 * inv * w2[None, :], dt)
     c1 = tl.load(cos_ptr + t * ROT + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
     c2 = tl.load(cos_ptr + t * ROT + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
     s1 = tl.load(sin_ptr + t * ROT + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
     s2 = tl.load(sin_ptr + t * ROT + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
-    y1 = _round_to(_round_to(n1 * c1, dt) + _round_to(-n2 * s1, dt), dt)
-    y2 = _round_to(_round_to(n2 * c2, dt) + _round_to(n1 * s2, dt), dt)
+    y1 = round_to(round_to(n1 * c1, dt) + round_to(-n2 * s1, dt), dt)
+    y2 = round_to(round_to(n2 * c2, dt) + round_to(n1 * s2, dt), dt)
     orow = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh
     tl.store(orow + offs_c[None, :], y1.to(dt), mask=m)
     tl.store(orow + HALF + offs_c[None, :], y2.to(dt), mask=m)
     if PASS > 0:
         w3 = 1.0 + tl.load(w_ptr + ROT + offs_p, mask=offs_p < PASS, other=0.0).to(tl.float32)
-        tl.store(orow + ROT + offs_p[None, :], _round_to(x3 * inv * w3[None, :], dt).to(dt), mask=mp)
+        tl.store(orow + ROT + offs_p[None, :], round_to(x3 * inv * w3[None, :], dt).to(dt), mask=mp)
 
 
 @timed_op

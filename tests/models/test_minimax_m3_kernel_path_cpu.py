@@ -27,7 +27,7 @@ def test_kernel_path_matches_torch_path_on_cpu(ckpt):
     ids = torch.randint(3, 500, (52,), generator=torch.Generator().manual_seed(5)).tolist()
     ref_drv, ker_drv = PagedDriver(model, 16), PagedDriver(model, 16, backends=OpBackends.kernels())
     ops = ("rmsnorm", "head_norm_rope", "kv_store", "index_k_store", "attn_prefill", "attn_decode", "msa_indexer",
-           "msa_sparse_attention", "moe_router", "fused_moe")
+           "msa_sparse_attention", "moe_router", "fused_moe", "moe_combine")
     before = {op: _executed(op) for op in ops}
     outs = []
     for drv in (ref_drv, ker_drv):

@@ -1,0 +1,151 @@
+"""The MoE combine over the k slots (ladle/kernels/fused_moe.py `moe_combine`): Triton kernel vs a float64 sum, vs
+the sequential fp32 order it promises, and vs today's torch expression (`moe_combine_ref`); the dispatcher; the
+three fused MoE launchers run it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladle.kernels._common import cpu_interpreter
+from ladle.kernels.fp8_quant import quantize_fp8_rows, quantize_mxfp4
+from ladle.kernels.fused_moe import fused_moe_triton, moe_combine, moe_combine_ref, moe_combine_triton
+from ladle.kernels.fused_moe_fp8 import fused_moe_fp8_triton
+from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_triton
+from ladle.observe import dispatch
+
+U = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8}  # unit roundoff of round-to-nearest (p = 24, 8 bits)
+
+
+def _slots(T, k, H, seed=0, device="cpu"):
+    """Random slot rows [T*k, H] fp32 with magnitudes over ~4 decades (so the summation order matters)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(T * k, H, generator=g) * torch.exp(torch.randn(T * k, 1, generator=g) * 2)
+    return s.to(device)
+
+
+def _sequential(slots, T, k, out_dtype):
+    """The kernel's promised order in torch: ((s0 + s1) + s2) + ... in fp32, one rounding to out_dtype."""
+    v = slots.view(T, k, -1)
+    acc = v[:, 0].clone()
+    for i in range(1, k):
+        acc = acc + v[:, i]
+    return acc.to(out_dtype)
+
+
+# (T, k, H, block_t, block_h): T not a multiple of BT, H not a multiple of BH (several H blocks), k = 1, 5, 9
+SHAPES = [(7, 5, 80, 4, 32), (7, 1, 80, 4, 32), (5, 9, 48, 2, 64), (3, 5, 50, None, None), (9, 2, 1030, None, None)]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,k,H,bt,bh", SHAPES)
+def test_combine_kernel_against_float64_and_its_order(T, k, H, bt, bh, out_dtype):
+    """Elementwise bound against the float64 sum: |out - ref| <= (k-1) u32 S (1 + u) + u_out (|ref| + (k-1) u32 S),
+    S = sum_i |s_i| (fp32 summation error, then one rounding to out_dtype); and bitwise the sequential fp32 loop."""
+    slots = _slots(T, k, H, seed=T * k + H)
+    out = moe_combine_triton(slots, T, k, out_dtype, block_t=bt, block_h=bh)
+    assert out.shape == (T, H) and out.dtype == out_dtype
+    ref = slots.double().view(T, k, H).sum(1)
+    s_abs = slots.double().abs().view(T, k, H).sum(1)
+    fp32_err = (k - 1) * U[torch.float32] * s_abs * (1 + 1e-6)
+    bound = fp32_err + U[out_dtype] * (ref.abs() + fp32_err)
+    assert ((out.double() - ref).abs() <= bound).all()
+    assert torch.equal(out, _sequential(slots, T, k, out_dtype))
+    assert torch.equal(moe_combine_triton(slots, T, k, out_dtype, block_t=bt, block_h=bh), out)  # deterministic
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_combine_against_todays_torch_expression(k, out_dtype):
+    """k <= 2: same values as `moe_combine_ref` (one add commutes; the same RNE cast); k = 5: within the
+    summation-order bound of the docstring, 2 (k-1) u32 S, plus one out_dtype ulp where the two roundings differ."""
+    T, H = 6, 72
+    slots = _slots(T, k, H, seed=k)
+    out = moe_combine_triton(slots, T, k, out_dtype, block_t=4, block_h=32)
+    ref = moe_combine_ref(slots, T, k, out_dtype)
+    if k <= 2:
+        assert torch.equal(out, ref)
+    else:
+        s_abs = slots.double().abs().view(T, k, H).sum(1)
+        bound = 2 * (k - 1) * U[torch.float32] * s_abs + 2 * U[out_dtype] * ref.double().abs()
+        assert ((out.double() - ref.double()).abs() <= bound).all()
+
+
+def test_combine_hand_values_ties_nan_inf():
+    """bf16 ties round to even (1 + 2^-8 -> 1, 1 + 3 * 2^-8 -> 1 + 2^-6), overflow past bf16's max goes to inf, and
+    NaN / inf propagate as in torch (inf + -inf = NaN; nan is CUDA's canonical NaN 0x7FFFFFFF, whose mantissa a bare
+    round-up bit trick would carry into the sign)."""
+    inf, nan = float("inf"), torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32).item()
+    slots = torch.tensor([[1 + 2 ** -8, -(1 + 3 * 2 ** -8), 3.4e38, nan, inf, inf],
+                          [0.0, 0.0, 3.4e38, 1.0, 1.0, -inf]])  # T = 1 token, k = 2 slots, H = 6
+    for dt in (torch.bfloat16, torch.float32):
+        out = moe_combine_triton(slots, 1, 2, dt)
+        ref = moe_combine_ref(slots, 1, 2, dt)
+        assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.nan_to_num(), ref.nan_to_num())
+    out = moe_combine_triton(slots, 1, 2, torch.bfloat16)[0]
+    assert out[[0, 1, 2, 4]].tolist() == [1.0, -(1 + 2 ** -6), inf, inf] and out[[3, 5]].isnan().all()
+
+
+def test_combine_zero_tokens_and_rejects_non_fp32_slots():
+    assert moe_combine_triton(torch.empty(0, 16), 0, 3, torch.bfloat16).shape == (0, 16)
+    with pytest.raises(AssertionError):
+        moe_combine_triton(torch.zeros(6, 16, dtype=torch.bfloat16), 2, 3, torch.bfloat16)
+
+
+def test_combine_dispatch_records_and_falls_back():
+    T, k, H = 5, 3, 40
+    slots = _slots(T, k, H)
+    dispatch.reset()
+    out = moe_combine(slots, T, k, torch.bfloat16, use_triton=True)
+    assert torch.equal(out, _sequential(slots, T, k, torch.bfloat16))
+    with cpu_interpreter(False):
+        fallback = moe_combine(slots, T, k, torch.bfloat16, use_triton=True)
+    assert torch.equal(fallback, moe_combine_ref(slots, T, k, torch.bfloat16))
+    snap = dispatch.snapshot()["ops"]["moe_combine"]
+    assert sum(b["executed"] for b in snap["buckets"].values()) == 1
+    assert sum(b["calls"] for b in snap["buckets"].values()) == 2 and len(snap["fallback_reasons"]) == 1
+    dispatch.reset()
+
+
+def _launch(fmt, x, w13, w2, ids, wts):
+    """One fused MoE launcher: "bf16" (fused_moe.py), "fp8" (fused_moe_fp8.py), "mxfp4" (fused_moe_mxfp4.py)."""
+    if fmt == "bf16":
+        return fused_moe_triton(x, w13, w2, ids, wts)
+    quantize = quantize_fp8_rows if fmt == "fp8" else lambda w: [torch.stack(t) for t in zip(*map(quantize_mxfp4, w))]
+    launcher = fused_moe_fp8_triton if fmt == "fp8" else fused_moe_mxfp4_triton
+    return launcher(x, *quantize(w13), *quantize(w2), ids, wts)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4"])
+def test_fused_moe_launchers_combine_through_the_op(fmt):
+    """Each launcher's combine is one op "moe_combine" launch (T tokens bucket), whatever its weight format."""
+    torch.manual_seed(0)
+    T, E, H, I, k = 5, 4, 64, 32, 3
+    x = torch.randn(T, H)
+    w13, w2 = torch.randn(E, 2 * I, H) * 0.2, torch.randn(E, H, I) * 0.2
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).int()
+    dispatch.reset()
+    out = _launch(fmt, x, w13, w2, ids, torch.rand(T, k))
+    assert out.shape == (T, H) and out.dtype == x.dtype
+    assert sum(b["executed"] for b in dispatch.snapshot()["ops"]["moe_combine"]["buckets"].values()) == 1
+    dispatch.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 37, 8195])
+def test_gpu_combine_order_determinism_and_graph(T):
+    """TP4-rank M3 shapes (H 6144, 4 routed + shared = 5 slots): bitwise the sequential fp32 order, repeatable, and
+    the same from a CUDA-graph replay."""
+    k, H = 5, 6144
+    slots = _slots(T, k, H, device="cuda")
+    out = moe_combine_triton(slots, T, k, torch.bfloat16)
+    assert torch.equal(out, _sequential(slots, T, k, torch.bfloat16))
+    ref = moe_combine_ref(slots, T, k, torch.bfloat16)
+    s_abs = slots.double().abs().view(T, k, H).sum(1)
+    assert ((out.double() - ref.double()).abs() <= 2 * (k - 1) * 2.0 ** -24 * s_abs + 2 * 2.0 ** -8 * ref.double().abs()).all()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = moe_combine_triton(slots, T, k, torch.bfloat16)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, out)
