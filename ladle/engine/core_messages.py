@@ -1,7 +1,8 @@
 """The messages between the API server and the engine-core process (ARCHITECTURE.md "Processes"): msgspec
 structs, msgpack-encoded, over ZeroMQ. Plain data only (token ids, SamplingParams, EngineOutputs, stats dicts).
 
-    API server --(input socket, PUSH->PULL)--> core:  AddRequest | AbortRequests | FinishProcessed | Utility | Stop
+    API server --(input socket, PUSH->PULL)--> core:  AddRequest | AddRequests | AbortRequests | FinishProcessed |
+                                                      Utility | Stop
     core --(output socket, PUSH->PULL)--> API server: Ready | AddAck | StepOutputs | UtilityResult | CoreDead
 
 Every core->server message after Ready carries the scheduler's stats snapshot (`stats`: SchedulerStats fields,
@@ -27,6 +28,14 @@ class AddRequest(msgspec.Struct, tag="add"):
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
+
+
+class AddRequests(msgspec.Struct, tag="adds"):
+    """The prompts of one offline `LLM.generate` call, added together: all or none (one AddAck per prompt, each
+    with the error when any prompt is refused), and no step runs between them, so the first step's batch is the
+    same as with the core in-process."""
+
+    requests: list[AddRequest]
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -87,7 +96,7 @@ class CoreDead(msgspec.Struct, tag="dead"):
     message: str
 
 
-ToCore = Union[AddRequest, AbortRequests, FinishProcessed, Utility, Stop]
+ToCore = Union[AddRequest, AddRequests, AbortRequests, FinishProcessed, Utility, Stop]
 FromCore = Union[Ready, AddAck, StepOutputs, UtilityResult, CoreDead]
 
 encoder = msgspec.msgpack.Encoder()

@@ -172,15 +172,17 @@ class CoreLoop:
         from ladle.engine.observe_snapshots import observe_snapshot
 
         msg, core = self.msg, self.core
-        if isinstance(message, msg.AddRequest):
-            try:
-                core.add_requests(core.make_child_requests(message.child_ids, message.prompt_token_ids,
-                                                           message.params, message.arrival_time))
+        if isinstance(message, (msg.AddRequest, msg.AddRequests)):
+            adds = message.requests if isinstance(message, msg.AddRequests) else [message]
+            try:  # all or nothing (EngineCore.add_requests)
+                core.add_requests([r for a in adds for r in core.make_child_requests(
+                    a.child_ids, a.prompt_token_ids, a.params, a.arrival_time)])
             except Exception as exc:  # noqa: BLE001 — RequestRejected (400) or anything else (500)
-                self.send(msg.AddAck(message.parent_id, str(exc) or type(exc).__name__,
-                                     isinstance(exc, RequestRejected)))
+                for a in adds:
+                    self.send(msg.AddAck(a.parent_id, str(exc) or type(exc).__name__, isinstance(exc, RequestRejected)))
                 return []
-            self.send(msg.AddAck(message.parent_id))
+            for a in adds:
+                self.send(msg.AddAck(a.parent_id))
             return []
         if isinstance(message, msg.AbortRequests):
             return core.abort_requests(message.child_ids)

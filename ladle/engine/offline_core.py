@@ -3,7 +3,7 @@ engine-core process and messages as `ladle serve` (ladle/engine/core_process.py,
 blocking loop instead of an asyncio reader.
 
     LLM.generate (caller's process)                               engine-core process
-    OutputProcessor.add_request -> AddRequest per prompt -------> add_requests -> AddAck
+    OutputProcessor.add_request -> AddRequests (the call) ------> add_requests (all or none) -> AddAck each
     loop: StepOutputs -> OutputProcessor (detokenize, stop     <---- per-step EngineOutputs + stats
           strings; final-only) -> FinishProcessed -----------> finish_processed
     until every prompt of the call has its final RequestOutput
@@ -13,7 +13,7 @@ so output processing leaves the step's critical path (vLLM's LLM runs its engine
 default for the same reason: VLLM_ENABLE_V1_MULTIPROCESSING). A stop string found here finishes its request one
 or two steps later than in-process (the core may sample a few more tokens; they are dropped here, as in the server).
 
-Failure rules: a rejected prompt (AddAck with an error) aborts every prompt of the call and raises RequestRejected
+Failure rules: a rejected prompt refuses the whole call in the core (nothing of it runs) and raises RequestRejected
 (a 400 reason) or EngineError once all acks are in; an interrupt or any other exception aborts the call's requests
 and re-raises (the core lives on for the next call); a dead core (CoreDead, or the process gone) raises EngineError
 now and for every later call.
@@ -66,8 +66,8 @@ class CoreProcessDriver:
         if not self.is_healthy():
             raise EngineError(f"the engine is not running: {self._dead or 'the engine core process exited'}")
         now = time.monotonic()
-        for parent_id, child_ids, ids, params in prompts:
-            self._core.send(msg.AddRequest(parent_id, child_ids, ids, params, now))
+        self._core.send(msg.AddRequests([msg.AddRequest(parent_id, child_ids, ids, params, now)
+                                         for parent_id, child_ids, ids, params in prompts]))
         unacked = {p[0] for p in prompts}
         final: dict[str, RequestOutput] = {}
         error: Optional[BaseException] = None

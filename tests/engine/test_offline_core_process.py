@@ -2,15 +2,18 @@
 on the tiny MiniMax-M3 config with dummy weights: every field of the final outputs equals the in-process LLM's
 (greedy and seeded sampling, n > 1, logprobs, prompt logprobs, stop strings, max_tokens); a rejected prompt aborts
 its whole call and leaves the core serving with no blocks held; a killed core raises EngineError now and later;
-shutdown and interpreter exit leave no process behind; the CPU default stays in-process."""
+an interrupt aborts the call and frees its blocks; shutdown and interpreter exit leave no process behind, also for a
+script without a main guard; the CPU default stays in-process."""
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -114,13 +117,14 @@ def test_killed_core_raises_engine_error_now_and_later(tiny_m3_dir):
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_shutdown_and_exit_leave_no_process(tiny_m3_dir):
+def test_shutdown_and_exit_leave_no_process(tiny_m3_dir, tmp_path):
     llm = LLM(tiny_m3_dir, engine_core_process=True, **ENGINE)
     pid = llm.remote._core.proc.pid
     llm.shutdown()
     llm.shutdown()  # idempotent
     assert not psutil.pid_exists(pid)
-    # a script that never calls shutdown: the interpreter exits promptly with 0 and takes the core with it
+    # a script file with no `if __name__ == "__main__":` guard that never calls shutdown: the core does not re-run
+    # the script (core_spawn._main_left_alone), and the interpreter exits promptly with 0, taking the core with it
     script = textwrap.dedent(f"""
         import os, sys
         from ladle.core.sampling_params import SamplingParams
@@ -130,9 +134,27 @@ def test_shutdown_and_exit_leave_no_process(tiny_m3_dir):
         out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 3
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    path = tmp_path / "unguarded.py"
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     core_pid = int(done.stdout.split()[0])
     time.sleep(0.5)
     assert not psutil.pid_exists(core_pid) or psutil.Process(core_pid).status() == psutil.STATUS_ZOMBIE
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_interrupt_aborts_the_call_and_frees_its_blocks(pair):
+    local, remote = pair
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            remote.generate(_prompts(8, seed=4) * 4, SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
+    finally:
+        timer.cancel()
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    prompts = _prompts(2, seed=6)
+    assert _fields(remote.generate(prompts, params)) == _fields(local.generate(prompts, params))
+    stats = remote.core_stats()
+    assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_total_blocks"], stats
