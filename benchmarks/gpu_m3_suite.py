@@ -24,6 +24,9 @@ poisoned outputs and is checked against the same reference three times: after on
 timing loop, after the CUDA-graph replays ("a/b/c" in the error column; a counter that failed to reset would leave
 poison behind).
 
+The indexer's decode A/B (defaults before / after the issue-11 decode lever, bf16 and FP8 index-K, exact check
+against msa_indexer_ref) is benchmarks/gpu_msa_indexer_ab.py.
+
 The TP4-rank proxy (whole decode step and 8K prefill through the engine, against the byte / FLOP rooflines) is
 benchmarks/gpu_m3_proxy.py (run separately: it holds ~120 GiB of the GPU).
 """
