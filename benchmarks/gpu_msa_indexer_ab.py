@@ -9,8 +9,8 @@ then (unless --no-prefill) one 8K-token FP8 prefill as the guard that the prefil
 Configs per case, side by side: "old" = the defaults before this lever (block-table walk in the loop, Triton's
 e4m3 cast, 2 stages at decode / 3 at prefill), "new" = the launcher's defaults now (`score_launch`); for FP8 also
 "new-cvt" (prefetch, old cast) and "old+bits" (walk, bit cast) to split the gain. --sweep adds num_stages 2/3/4,
-pages_per_iter 2 and num_splits x0.5 / x2 around "new". The "cfg" column is what each resolved to
-(splits/stages/page-id vector length/pages per iteration/bit cast).
+pages_per_iter 2, no register cap (maxnreg=0) and num_splits x0.5 / x2 around "new". The "cfg" column is what each
+resolved to (splits/stages/page-id vector length/pages per iteration/bit cast/register cap).
 
 Data: small integers (every score exact in fp32, many ties), so each config must equal `msa_indexer_ref` slot for
 slot: its outputs are poisoned before the timing and the graph replays' results are compared with the reference
@@ -76,7 +76,7 @@ def configs(kv_dtype: torch.dtype, prefill: bool, sweep: bool, c: dict) -> list[
     if sweep and not prefill:
         dflt = score_launch(c["qi"][0], c["kic"], c["tables"][0], 16)
         out += [(f"new s{st}", dict(num_stages=st)) for st in (2, 3, 4) if st != dflt.num_stages]
-        out += [("new p2", dict(pages_per_iter=2)),
+        out += [("new p2", dict(pages_per_iter=2)), ("new nocap", dict(maxnreg=0)),
                 (f"new splits{dflt.num_splits // 2}", dict(num_splits=max(1, dflt.num_splits // 2))),
                 (f"new splits{dflt.num_splits * 2}", dict(num_splits=dflt.num_splits * 2))]
     return out
@@ -93,7 +93,8 @@ def run_case(batch: int, kv_dtype: torch.dtype, prefill: bool, bw: float, sweep:
     base_us = None
     for name, kw in configs(kv_dtype, prefill, sweep, c):
         cfg = score_launch(c["qi"][0], c["kic"], c["tables"][0], 16, kw.get("num_splits"), kw.get("num_stages"),
-                           kw.get("prefetch_pages"), kw.get("pages_per_iter", 1), kw.get("fp8_bit_cast"))
+                           kw.get("prefetch_pages"), kw.get("pages_per_iter", 1), kw.get("fp8_bit_cast"),
+                           maxnreg=kw.get("maxnreg"))
         fns = [lambda i=i: msa_indexer_triton(*args[i], out=sels[i], index_k_scale=c["scale"], **kw)
                for i in range(R)]
         for s in sels:
@@ -105,7 +106,7 @@ def run_case(batch: int, kv_dtype: torch.dtype, prefill: bool, bw: float, sweep:
         gbs = c["bytes"] / (us * 1e-6) / 1e9
         row = dict(case=label, config=name, graph_us=us, gbps=gbs, pct_bw=100 * gbs / bw, speedup=base_us / us,
                    exact=exact, cfg=f"{cfg.num_splits}/{cfg.num_stages}/{cfg.pages_p2}/{cfg.pages_per_iter}/"
-                                    f"{int(cfg.fp8_bit_cast)}")
+                                    f"{int(cfg.fp8_bit_cast)}/{cfg.maxnreg or '-'}")
         ROWS.append(row)
         log(json.dumps(row))
     del c, sels, refs
@@ -113,19 +114,19 @@ def run_case(batch: int, kv_dtype: torch.dtype, prefill: bool, bw: float, sweep:
 
 
 def print_table(bw: float) -> None:
-    hdr = (f"{'case':<40} {'config':<14} {'cfg s/st/pv/p/bits':<19} {'graph us':>9} {'GB/s':>7} {'%BW':>5} "
+    hdr = (f"{'case':<40} {'config':<14} {'cfg s/st/pv/p/bits/reg':<23} {'graph us':>9} {'GB/s':>7} {'%BW':>5} "
            f"{'x old':>6}  exact")
     log(f"\ncopy ceiling {bw:.0f} GB/s; bytes = index-K pages scanned + queries + selections\n" + hdr)
     log("-" * len(hdr))
     for r in ROWS:
-        log(f"{r['case']:<40} {r['config']:<14} {r['cfg']:<19} {r['graph_us']:>9.1f} {r['gbps']:>7.0f} "
+        log(f"{r['case']:<40} {r['config']:<14} {r['cfg']:<23} {r['graph_us']:>9.1f} {r['gbps']:>7.0f} "
             f"{r['pct_bw']:>5.1f} {r['speedup']:>6.2f}  {'yes' if r['exact'] else 'NO'}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="msa_indexer_ab.json")
-    ap.add_argument("--sweep", action="store_true", help="also stages / pages_per_iter / splits around new")
+    ap.add_argument("--sweep", action="store_true", help="also stages / pages_per_iter / reg cap / splits around new")
     ap.add_argument("--no-prefill", action="store_true", help="skip the 8K FP8 prefill guard")
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -82,6 +82,8 @@ FUSED_TOPK = True
 COUNTER_KEY = OP
 # Decode launches load a split program's whole block-table slice up front when it holds at most this many ids.
 PREFETCH_PAGES_MAX = 256
+# Resident score programs per SM that `default_num_splits` sizes the grid for (and the decode register cap keeps).
+PROGRAMS_PER_SM = 4
 dispatch.register(OP, "triton", "local_blocks == 1; cuda (or cpu+TRITON_INTERPRET); pow2 block_size and index dim")
 
 
@@ -327,9 +329,9 @@ def _index_topk_kernel(
 
 def default_num_splits(num_tokens: int, num_reqs: int, max_blocks: int, block_q: int, device: torch.device) -> int:
     """Split count over key blocks from shape constants only (so a CUDA graph bucket always gets the same grid):
-    aim for ~4 programs per SM, power of two, at most next_pow2(max_blocks)."""
+    aim for PROGRAMS_PER_SM programs per SM, power of two, at most next_pow2(max_blocks)."""
     tiles = triton.cdiv(num_tokens, block_q) + num_reqs
-    want = triton.cdiv(4 * num_sms(device), max(tiles, 1))
+    want = triton.cdiv(PROGRAMS_PER_SM * num_sms(device), max(tiles, 1))
     return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(max(max_blocks, 1))))
 
 
@@ -352,20 +354,23 @@ class ScoreLaunch:
     pages_p2: int  # 0: walk the block table in the loop; else the up-front page-id vector length (decode)
     pages_per_iter: int
     fp8_bit_cast: bool
+    maxnreg: Optional[int]  # register cap per thread (None: ptxas decides)
 
 
 def score_launch(index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, block_q: int,
                  num_splits: Optional[int] = None, num_stages: Optional[int] = None,
                  prefetch_pages: Optional[bool] = None, pages_per_iter: int = 1,
-                 fp8_bit_cast: Optional[bool] = None) -> ScoreLaunch:
+                 fp8_bit_cast: Optional[bool] = None, num_warps: int = 4,
+                 maxnreg: Optional[int] = None) -> ScoreLaunch:
     """Defaults of the score kernel's tunables (each None is resolved here; see `msa_indexer_triton`).
 
     Decode-shaped launches (T <= B) load each split program's block-table slice up front (`prefetch_pages`, at most
-    PREFETCH_PAGES_MAX ids) so no page-id load sits in front of a K tile load, and pipeline the K tiles with
-    num_stages (3 for 1-byte caches: two 16 KiB tiles in flight per program at block 128 x dim 128; 2 for 2-byte
-    ones, whose second 32 KiB buffer would cut the ~4 resident programs per SM to 3). Other shapes keep the block-
-    table walk and 3 stages. float8_e4m3fn caches with bf16 queries on sm_90+ use the bit-move cast
-    (`_e4m3_to_bf16`) at every shape."""
+    PREFETCH_PAGES_MAX ids), so no page-id load sits in front of a K tile, and pipeline the K tiles with num_stages:
+    3 for 1-byte caches (two 16 KiB tiles in flight per program at block 128 x dim 128), 2 for 2-byte ones (a second
+    32 KiB buffer would leave room for 3 of the PROGRAMS_PER_SM programs); registers are capped at 65536 /
+    (PROGRAMS_PER_SM * 32 * num_warps) = 128 for 4 warps (ptxas gave the bf16 variant 136: again 3 per SM;
+    maxnreg=0: no cap). Other shapes keep the block-table walk and 3 stages. float8_e4m3fn caches with bf16 queries
+    on sm_90+ take the bit-move cast (`_e4m3_to_bf16`) at every shape."""
     T, B, max_blocks = index_q.shape[0], block_table.shape[0], block_table.shape[1]
     decode = T <= B
     if num_splits is None:
@@ -387,7 +392,10 @@ def score_launch(index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table
     if pages_per_iter < 1:
         raise ValueError(f"pages_per_iter must be >= 1, got {pages_per_iter}")
     pages_p2 = triton.next_power_of_2(triton.cdiv(max_blocks, num_splits)) if prefetch_pages else 0
-    return ScoreLaunch(num_splits, num_stages, pages_p2, pages_per_iter, bool(fp8_bit_cast))
+    if maxnreg is None and prefetch_pages:
+        cap = 65536 // (PROGRAMS_PER_SM * 32 * num_warps)
+        maxnreg = cap if cap >= 128 else None  # below 128 the tile's registers would spill: no cap
+    return ScoreLaunch(num_splits, num_stages, pages_p2, pages_per_iter, bool(fp8_bit_cast), maxnreg or None)
 
 
 def msa_indexer_triton(
@@ -408,6 +416,7 @@ def msa_indexer_triton(
     prefetch_pages: Optional[bool] = None,  # None: T <= B (split's page ids loaded up front, no in-loop table load)
     pages_per_iter: int = 1,  # K tiles issued per loop iteration on the prefetch path (the last group ragged)
     fp8_bit_cast: Optional[bool] = None,  # None: when `fp8_bit_cast_ineligible` passes (e4m3 cache, bf16 q)
+    maxnreg: Optional[int] = None,  # registers per thread; None: see `score_launch`, 0: no cap
 ) -> torch.Tensor:
     """Triton indexer. Returns `selected_block_ids [Hkv, T, topk] int32` (layout in the module docstring).
 
@@ -431,7 +440,7 @@ def msa_indexer_triton(
     dev = index_q.device
     block_q = triton.next_power_of_2(max(1, 16 // H) if T > 0 else 1)
     cfg = score_launch(index_q, index_k_cache, block_table, block_q, num_splits, num_stages, prefetch_pages,
-                       pages_per_iter, fp8_bit_cast)
+                       pages_per_iter, fp8_bit_cast, num_warps, maxnreg)
     if scores is None:
         scores = torch.empty((H, T, max_blocks), dtype=torch.float32, device=dev)
     assert scores.shape == (H, T, max_blocks) and scores.dtype == torch.float32 and scores.is_contiguous()
@@ -456,7 +465,7 @@ def msa_indexer_triton(
         FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), FUSED_TOPK=bool(fused), TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), NB_P2=nb_p2, RANK_SELECT=nb_p2 <= 128, PAGES_P2=cfg.pages_p2,
         PAGES_PER_ITER=cfg.pages_per_iter, FP8_BITS=cfg.fp8_bit_cast, num_warps=num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
     if fused:
         return out

@@ -83,20 +83,22 @@ def test_prefetch_forced_on_prefill_tiles_and_walk_forced_on_decode():
 
 def test_score_launch_defaults_and_refusals(monkeypatch):
     """Decode (T <= B): page ids up front (vector of next_pow2(cdiv(max_blocks, splits))), 3 stages for a 1-byte
-    cache, 2 for wider ones; prefill: the walk with 3 stages; a slice longer than PREFETCH_PAGES_MAX: the walk.
-    Explicit values win. fp8_bit_cast=True where the bit cast cannot run (interpreter / CPU, non-e4m3) and
-    pages_per_iter < 1 are refused with the reason."""
+    cache, 2 for wider ones, registers capped at 128 (4 warps; none for 8); prefill: the walk with 3 stages; a
+    slice longer than PREFETCH_PAGES_MAX: the walk. Explicit values win. fp8_bit_cast=True where the bit cast
+    cannot run (interpreter / CPU, non-e4m3) and pages_per_iter < 1 are refused with the reason."""
     q_dec, q_pre = torch.zeros(4, 1, D), torch.zeros(40, 1, D)
     bt = torch.zeros(4, 8, dtype=torch.int32)
     k32 = torch.zeros(3, BS, D)
     k8 = torch.zeros(3, BS, D, dtype=torch.float8_e4m3fn)
     cfg = score_launch(q_dec, k8, bt, 16, num_splits=3)
-    assert (cfg.pages_p2, cfg.num_stages, cfg.pages_per_iter, cfg.fp8_bit_cast) == (4, 3, 1, False)
+    assert (cfg.pages_p2, cfg.num_stages, cfg.pages_per_iter, cfg.fp8_bit_cast, cfg.maxnreg) == (4, 3, 1, False, 128)
     assert score_launch(q_dec, k32, bt, 16, num_splits=3).num_stages == 2
+    assert score_launch(q_dec, k32, bt, 16, num_splits=3, num_warps=8).maxnreg is None  # 64 would spill
+    assert score_launch(q_dec, k32, bt, 16, num_splits=3, maxnreg=0).maxnreg is None
     cfg = score_launch(q_pre, k32, bt, 16, num_splits=3)
-    assert (cfg.pages_p2, cfg.num_stages) == (0, 3)
+    assert (cfg.pages_p2, cfg.num_stages, cfg.maxnreg) == (0, 3, None)
     cfg = score_launch(q_dec, k32, bt, 16, num_splits=2, num_stages=4, prefetch_pages=False, pages_per_iter=2)
-    assert (cfg.pages_p2, cfg.num_stages, cfg.pages_per_iter) == (0, 4, 2)
+    assert (cfg.pages_p2, cfg.num_stages, cfg.pages_per_iter, cfg.maxnreg) == (0, 4, 2, None)
     assert score_launch(q_pre, k32, bt, 16, num_splits=3, prefetch_pages=True).pages_p2 == 4
     monkeypatch.setattr(mod, "PREFETCH_PAGES_MAX", 3)
     assert score_launch(q_dec, k32, bt, 16, num_splits=2).pages_p2 == 0  # 4 ids per split > 3
