@@ -27,6 +27,9 @@ poison behind).
 MoE combine: `_moe_combine_kernel` (op "moe_combine", the fused MoE launchers' last step) timed alone at M = 32 and
 8192 against the torch expression it replaces (fp32 sum over the slots + cast; row "  combine torch").
 
+The indexer's decode A/B (defaults before / after the issue-11 decode lever, bf16 and FP8 index-K, exact check
+against msa_indexer_ref) is benchmarks/gpu_msa_indexer_ab.py.
+
 The TP4-rank proxy (whole decode step and 8K prefill through the engine, against the byte / FLOP rooflines) is
 benchmarks/gpu_m3_proxy.py (run separately: it holds ~120 GiB of the GPU).
 """

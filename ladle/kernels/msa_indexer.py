@@ -30,6 +30,14 @@ captured in a CUDA graph). Two-launch path:
      [block_size, D] index-K page through the block table once for all BLOCK_Q tokens x num_kv_heads rows (the
      index-K cache has ONE shared head), does one tl.dot and max-pools over the block, writing
      scores [Hkv, T, max_blocks] fp32. Decode (1 token per request) gets its parallelism from NUM_SPLITS.
+     Decode-shaped launches (T <= B, launcher argument `prefetch_pages`) load the split's whole block-table slice
+     (its page ids) in one vector load next to the pos / q loads and take page i from that register vector, so no
+     dependent table load sits in front of a K tile and the pipeliner keeps num_stages - 1 tiles in flight
+     (`pages_per_iter` issues several per iteration, the last group masked). Before this, each tile waited on its
+     page-id load (two round trips per 16 KiB tile, one tile in flight per program): the B=32 FP8 decode scan ran
+     at ~27% of copy bandwidth on an H200. float8_e4m3fn caches are cast to bf16 by `E4M3_TO_BF16_PTX` (exact
+     bit moves, `fp8_bit_cast`), not by Triton's cast, whose two conversion-unit instructions per value made the
+     FP8 scan slower than the bf16 one. Tunables (`score_launch`) never change the output.
   2. `_index_topk_kernel`, grid (T, Hkv): forces the local block, masks invisible blocks, and selects the top-k
      (lowest id among equal scores) writing the layout above: for <= 128 blocks (16K context at block 128) by a
      one-pass rank count (an [N, N] comparison; no serial loop), beyond that by repeated argmax.
@@ -51,6 +59,7 @@ the reference dequantizes the gathered keys (stored * index_k_scale). The dispat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -71,6 +80,10 @@ VEC_SEARCH_MAX_REQS = 4096
 # launches (num_tokens <= num_reqs); False: always the two-launch path.
 FUSED_TOPK = True
 COUNTER_KEY = OP
+# Decode launches load a split program's whole block-table slice up front when it holds at most this many ids.
+PREFETCH_PAGES_MAX = 256
+# Resident score programs per SM that `default_num_splits` sizes the grid for (and the decode register cap keeps).
+PROGRAMS_PER_SM = 4
 dispatch.register(OP, "triton", "local_blocks == 1; cuda (or cpu+TRITON_INTERPRET); pow2 block_size and index dim")
 
 
@@ -167,6 +180,58 @@ def _select_row(row, out_row, n_vis, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, 
     tl.store(out_row + slot, tl.full([TOPK_P2], -1, tl.int32), mask=(slot >= n_valid) & (slot < TOPK))
 
 
+# Exact float8_e4m3fn -> bf16, 4 values per instance ($2: 4 bytes in; $0, $1: bf16x2 of bytes 0-1, 2-3). Per pair of
+# values: prmt sign-extends the two bytes into 16-bit halves; shl 4 and the mask leave sign | the 7 exponent+mantissa
+# bits just under bf16's exponent field, which reads as value * 2^-120 (bias gap 127 - 7; e4m3 subnormals land on
+# bf16 subnormals, zero on zero); mul.rn.bf16x2 by 2^120 (0x7B80) is exact. NaN codes (0x7f, 0xff) come out as +-480
+# (the FP8 cache store saturates: they never occur). tests/kernels/test_msa_indexer.py emulates this text.
+E4M3_TO_BF16_PTX = tl.constexpr("""{
+.reg .b32 a<2>, s;
+mov.b32 s, 0x7B807B80;
+prmt.b32 a0, $2, 0, 0x9180;
+prmt.b32 a1, $2, 0, 0xB3A2;
+shl.b32 a0, a0, 4;
+shl.b32 a1, a1, 4;
+and.b32 a0, a0, 0x87F087F0;
+and.b32 a1, a1, 0x87F087F0;
+mul.rn.bf16x2 $0, a0, s;
+mul.rn.bf16x2 $1, a1, s;
+}""")
+
+
+@triton.jit
+def _e4m3_to_bf16(raw):
+    """float8_e4m3fn tensor -> bf16, exact (E4M3_TO_BF16_PTX; sm_90). Replaces Hopper's e4m3 -> bf16 cast, which is
+    cvt f16x2.e4m3x2 then cvt bf16.f16 per value, all on the low-throughput conversion unit (it capped the FP8
+    decode scan), with integer ops and one packed multiply."""
+    return tl.inline_asm_elementwise(E4M3_TO_BF16_PTX, "=r,=r,r", [raw.to(tl.int8, bitcast=True)],
+                                     dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _score_block(q, k_tile_ptr, ok, b, pos, row_ok, row_blocks, out_row, offs_s, k_scale, BLOCK_SIZE: tl.constexpr,
+                 FP32_IEEE: tl.constexpr, FP8_BITS: tl.constexpr):
+    """Pooled scores of key block b for the tile's rows: loads the [BLOCK_SIZE, D] index-K page at k_tile_ptr
+    (all masked off when `ok` is False: a ragged group's padding slot), one dot with q [BLOCK_M, D], causal mask
+    (key j <= pos of the row), max over the block times k_scale; stores out_row[m] + b for rows with b visible."""
+    if ok is None:
+        k = tl.load(k_tile_ptr)
+    else:
+        k = tl.load(k_tile_ptr, mask=ok, other=0.0)
+    if FP8_BITS:  # float8_e4m3fn cache, bf16 queries, sm_90: exact bit-move cast
+        k = _e4m3_to_bf16(k)
+    else:
+        k = k.to(q.dtype)  # FP8 cache: raw values (exact cast)
+    if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong): exact fp32 products
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BS] fp32
+    j = b * BLOCK_SIZE + offs_s
+    s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
+    best = tl.max(s, axis=1) * k_scale  # [BLOCK_M]
+    tl.store(out_row + b, best, mask=row_ok & (b < row_blocks))
+
+
 @triton.jit
 def _index_score_kernel(
     q_ptr, k_ptr, bt_ptr, pos_ptr, qsl_ptr, score_ptr, out_ptr, cnt_ptr,
@@ -175,7 +240,8 @@ def _index_score_kernel(
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
     VEC_SEARCH: tl.constexpr, FUSED_TOPK: tl.constexpr, TOPK: tl.constexpr, TOPK_P2: tl.constexpr,
-    NB_P2: tl.constexpr, RANK_SELECT: tl.constexpr,
+    NB_P2: tl.constexpr, RANK_SELECT: tl.constexpr, PAGES_P2: tl.constexpr, PAGES_PER_ITER: tl.constexpr,
+    FP8_BITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -201,6 +267,11 @@ def _index_score_kernel(
     t = t0 + offs_m // NUM_HEADS  # [BLOCK_M] token of each row
     h = offs_m % NUM_HEADS  # [BLOCK_M] index head (= kv group) of each row
     row_ok = t < q_end
+    bt_row = bt_ptr + r * stride_bt
+    if PAGES_P2 > 0:  # decode: this split's whole block-table slice in one vector load, in flight with pos and q
+        slot = tl.arange(0, PAGES_P2)
+        blk = split + slot * NUM_SPLITS
+        pages = tl.load(bt_row + blk, mask=blk < max_blocks, other=0)  # [PAGES_P2] page of slot i
     pos = tl.load(pos_ptr + t, mask=row_ok, other=-1)  # [BLOCK_M] int64
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
@@ -210,21 +281,21 @@ def _index_score_kernel(
     offs_s = tl.arange(0, BLOCK_SIZE)
     k_off = offs_s[:, None] * stride_ks + offs_d[None, :]  # [BS, D]
     out_row = score_ptr + h.to(tl.int64) * num_tokens * max_blocks + t.to(tl.int64) * max_blocks
-    bt_row = bt_ptr + r * stride_bt
-    page_next = tl.load(bt_row + split, mask=split < n_blocks, other=0).to(tl.int64)
-    for b in range(split, n_blocks, NUM_SPLITS):
-        page = page_next
-        # prefetch the next page id so its (dependent) load overlaps this block's K tile
-        page_next = tl.load(bt_row + b + NUM_SPLITS, mask=b + NUM_SPLITS < n_blocks, other=0).to(tl.int64)
-        k = tl.load(k_ptr + page * stride_kb + k_off).to(q.dtype)  # [BS, D]; FP8 cache: raw values (exact cast)
-        if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong): exact fp32 products
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BS] fp32
-        j = b * BLOCK_SIZE + offs_s
-        s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
-        best = tl.max(s, axis=1) * k_scale  # [BLOCK_M]
-        tl.store(out_row + b, best, mask=row_ok & (b < row_blocks))
+    if PAGES_P2 > 0:  # decode: the split's blocks split, split + NUM_SPLITS, ... are visited by slot i
+        n_mine = (n_blocks - split + NUM_SPLITS - 1) // NUM_SPLITS  # >= 0 (split < NUM_SPLITS)
+        for i0 in range(0, n_mine, PAGES_PER_ITER):
+            for p in tl.static_range(PAGES_PER_ITER):  # the last group may be ragged: its extra slots are masked
+                i = i0 + p
+                page = tl.sum(tl.where(slot == i, pages, 0), axis=0).to(tl.int64)  # no memory access
+                _score_block(q, k_ptr + page * stride_kb + k_off, i < n_mine, split + i * NUM_SPLITS, pos, row_ok,
+                             row_blocks, out_row, offs_s, k_scale, BLOCK_SIZE, FP32_IEEE, FP8_BITS)
+    else:  # prefill: many blocks per program; walk the block table, the next page id prefetched one block ahead
+        page_next = tl.load(bt_row + split, mask=split < n_blocks, other=0).to(tl.int64)
+        for b in range(split, n_blocks, NUM_SPLITS):
+            page = page_next
+            page_next = tl.load(bt_row + b + NUM_SPLITS, mask=b + NUM_SPLITS < n_blocks, other=0).to(tl.int64)
+            _score_block(q, k_ptr + page * stride_kb + k_off, None, b, pos, row_ok, row_blocks, out_row, offs_s,
+                         k_scale, BLOCK_SIZE, FP32_IEEE, FP8_BITS)
     if FUSED_TOPK:  # the last of the tile's NUM_SPLITS programs selects; counter protocol in split_counters.py
         if NUM_SPLITS == 1:
             tl.debug_barrier()  # this program's own score stores (other threads) before its loads
@@ -258,33 +329,100 @@ def _index_topk_kernel(
 
 def default_num_splits(num_tokens: int, num_reqs: int, max_blocks: int, block_q: int, device: torch.device) -> int:
     """Split count over key blocks from shape constants only (so a CUDA graph bucket always gets the same grid):
-    aim for ~4 programs per SM, power of two, at most next_pow2(max_blocks)."""
+    aim for PROGRAMS_PER_SM programs per SM, power of two, at most next_pow2(max_blocks)."""
     tiles = triton.cdiv(num_tokens, block_q) + num_reqs
-    want = triton.cdiv(4 * num_sms(device), max(tiles, 1))
+    want = triton.cdiv(PROGRAMS_PER_SM * num_sms(device), max(tiles, 1))
     return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(max(max_blocks, 1))))
+
+
+def fp8_bit_cast_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor) -> Optional[str]:
+    """None when the score kernel may cast the index-K cache with `_e4m3_to_bf16` (inline PTX), else why not."""
+    if index_k_cache.dtype != torch.float8_e4m3fn or index_q.dtype != torch.bfloat16:
+        return f"index-K {index_k_cache.dtype}, index_q {index_q.dtype}"
+    if interpreting() or index_q.device.type != "cuda":
+        return "no inline PTX in the interpreter"
+    if torch.cuda.get_device_capability(index_q.device) < (9, 0):
+        return "mul.rn.bf16x2 needs sm_90"
+    return None
+
+
+@dataclass(frozen=True)
+class ScoreLaunch:
+    """Resolved tunables of one `_index_score_kernel` launch (from shapes and dtypes only: CUDA-graph safe)."""
+    num_splits: int
+    num_stages: int
+    pages_p2: int  # 0: walk the block table in the loop; else the up-front page-id vector length (decode)
+    pages_per_iter: int
+    fp8_bit_cast: bool
+    maxnreg: Optional[int]  # register cap per thread (None: ptxas decides)
+
+
+def score_launch(index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table: torch.Tensor, block_q: int,
+                 num_splits: Optional[int] = None, num_stages: Optional[int] = None,
+                 prefetch_pages: Optional[bool] = None, pages_per_iter: int = 1,
+                 fp8_bit_cast: Optional[bool] = None, num_warps: int = 4,
+                 maxnreg: Optional[int] = None) -> ScoreLaunch:
+    """Defaults of the score kernel's tunables (each None is resolved here; see `msa_indexer_triton`).
+
+    Decode-shaped launches (T <= B) load each split program's block-table slice up front (`prefetch_pages`, at most
+    PREFETCH_PAGES_MAX ids), so no page-id load sits in front of a K tile, and pipeline the K tiles with num_stages:
+    3 for 1-byte caches (two 16 KiB tiles in flight per program at block 128 x dim 128), 2 for 2-byte ones (a second
+    32 KiB buffer would leave room for 3 of the PROGRAMS_PER_SM programs); registers are capped at 65536 /
+    (PROGRAMS_PER_SM * 32 * num_warps) = 128 for 4 warps (ptxas gave the bf16 variant 136: again 3 per SM;
+    maxnreg=0: no cap). Other shapes keep the block-table walk and 3 stages. float8_e4m3fn caches with bf16 queries
+    on sm_90+ take the bit-move cast (`_e4m3_to_bf16`) at every shape."""
+    T, B, max_blocks = index_q.shape[0], block_table.shape[0], block_table.shape[1]
+    decode = T <= B
+    if num_splits is None:
+        num_splits = default_num_splits(T, B, max_blocks, block_q, index_q.device)
+    if prefetch_pages is None:
+        prefetch_pages = decode and triton.cdiv(max_blocks, num_splits) <= PREFETCH_PAGES_MAX
+    if num_stages is None:
+        if prefetch_pages:
+            num_stages = 3 if index_k_cache.element_size() == 1 else 2
+        else:  # H200 sweep (benchmarks/results/m3_suite/run5_msa_sweep.json), block-table walk: decode at 8K ran
+            # 23.4 vs 26.8 us at B=32 and 71.2 vs 77.9 us at B=128 with 2 stages instead of 3
+            num_stages = 2 if decode else 3
+    bit_cast_reason = fp8_bit_cast_ineligible(index_q, index_k_cache)
+    if fp8_bit_cast is None:
+        fp8_bit_cast = bit_cast_reason is None
+    if fp8_bit_cast and bit_cast_reason:
+        raise ValueError(f"fp8_bit_cast=True needs a float8_e4m3fn index-K cache, bf16 index_q and sm_90+ "
+                         f"(not the interpreter): {bit_cast_reason}; leave it None (auto) or False")
+    if pages_per_iter < 1:
+        raise ValueError(f"pages_per_iter must be >= 1, got {pages_per_iter}")
+    pages_p2 = triton.next_power_of_2(triton.cdiv(max_blocks, num_splits)) if prefetch_pages else 0
+    if maxnreg is None and prefetch_pages:
+        cap = 65536 // (PROGRAMS_PER_SM * 32 * num_warps)
+        maxnreg = cap if cap >= 128 else None  # below 128 the tile's registers would spill: no cap
+    return ScoreLaunch(num_splits, num_stages, pages_p2, pages_per_iter, bool(fp8_bit_cast), maxnreg or None)
 
 
 def msa_indexer_triton(
     index_q: torch.Tensor,  # [T, Hkv, D] bf16/fp16/fp32
-    index_k_cache: torch.Tensor,  # [num_blocks, block_size, D], same dtype
+    index_k_cache: torch.Tensor,  # [num_blocks, block_size, D], same dtype or FP8
     block_table: torch.Tensor,  # [B, max_blocks] int32 physical block ids
     positions: torch.Tensor,  # [T] int64 absolute positions
     query_start_loc: torch.Tensor,  # [B+1] int32
     topk: int,
-    num_splits: Optional[int] = None,
+    num_splits: Optional[int] = None,  # None: `default_num_splits`
     out: Optional[torch.Tensor] = None,  # [Hkv, T, topk] int32, written in full
     scores: Optional[torch.Tensor] = None,  # scratch [Hkv, T, max_blocks] fp32
     num_warps: int = 4,
-    num_stages: Optional[int] = None,  # None: 2 when decode-shaped (T <= B), else 3 (H200 sweep, see below)
+    num_stages: Optional[int] = None,  # None: see `score_launch`
     fused_topk: Optional[bool] = None,  # None: FUSED_TOPK and T <= B (decode-shaped); True: fused for any shape
     vec_search: Optional[bool] = None,  # None: B < VEC_SEARCH_MAX_REQS
     index_k_scale: float = 1.0,  # per-tensor scale of an FP8 index-K cache (stored * scale)
+    prefetch_pages: Optional[bool] = None,  # None: T <= B (split's page ids loaded up front, no in-loop table load)
+    pages_per_iter: int = 1,  # K tiles issued per loop iteration on the prefetch path (the last group ragged)
+    fp8_bit_cast: Optional[bool] = None,  # None: when `fp8_bit_cast_ineligible` passes (e4m3 cache, bf16 q)
+    maxnreg: Optional[int] = None,  # registers per thread; None: see `score_launch`, 0: no cap
 ) -> torch.Tensor:
     """Triton indexer. Returns `selected_block_ids [Hkv, T, topk] int32` (layout in the module docstring).
 
     The fused path uses (and leaves zero) the persistent counter buffer `split_counters("msa_indexer", device,
     cdiv(T, BLOCK_Q) + B)`; the first call at a larger shape must be eager (it may allocate), which the runner's
-    CUDA-graph warm-up guarantees.
+    CUDA-graph warm-up guarantees. Tunables (num_splits .. fp8_bit_cast) change speed only, never the output.
 
     Preconditions (asserted): the index-K rows of every position <= positions[t] are already in the cache;
     block_size and D are powers of two; T tokens are packed per request as described by query_start_loc.
@@ -300,10 +438,9 @@ def msa_indexer_triton(
     assert positions.shape == (T,)
     assert topk >= 1
     dev = index_q.device
-    block_q = max(1, 16 // H) if T > 0 else 1
-    block_q = triton.next_power_of_2(block_q)
-    if num_splits is None:
-        num_splits = default_num_splits(T, B, max_blocks, block_q, dev)
+    block_q = triton.next_power_of_2(max(1, 16 // H) if T > 0 else 1)
+    cfg = score_launch(index_q, index_k_cache, block_table, block_q, num_splits, num_stages, prefetch_pages,
+                       pages_per_iter, fp8_bit_cast, num_warps, maxnreg)
     if scores is None:
         scores = torch.empty((H, T, max_blocks), dtype=torch.float32, device=dev)
     assert scores.shape == (H, T, max_blocks) and scores.dtype == torch.float32 and scores.is_contiguous()
@@ -314,23 +451,21 @@ def msa_indexer_triton(
         return out
     positions = positions.to(torch.int64)
     nb_p2 = triton.next_power_of_2(max_blocks)
-    grid = (triton.cdiv(T, block_q) + B, num_splits)
+    grid = (triton.cdiv(T, block_q) + B, cfg.num_splits)
     fused = (FUSED_TOPK and T <= B) if fused_topk is None else fused_topk
-    if num_stages is None:  # H200, gpu_m3_suite --only msa sweep (benchmarks/results/m3_suite/run5_msa_sweep.json):
-        # decode at 8K contexts ran 23.4 vs 26.8 us at B=32 and 71.2 vs 77.9 us at B=128 with 2 stages instead of 3
-        num_stages = 2 if T <= B else 3
     if vec_search is None:
         vec_search = B < VEC_SEARCH_MAX_REQS
-    counters = split_counters(COUNTER_KEY, dev, grid[0]) if fused and num_splits > 1 else out  # else unused
+    counters = split_counters(COUNTER_KEY, dev, grid[0]) if fused and cfg.num_splits > 1 else out  # else unused
     _index_score_kernel[grid](
         index_q, index_k_cache, block_table, positions, query_start_loc, scores, out, counters,
         B, T, max_blocks,
         index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
-        float(index_k_scale), NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=num_splits,
+        float(index_k_scale), NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=cfg.num_splits,
         REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=bool(vec_search),
         FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), FUSED_TOPK=bool(fused), TOPK=topk,
-        TOPK_P2=triton.next_power_of_2(topk), NB_P2=nb_p2, RANK_SELECT=nb_p2 <= 128,
-        num_warps=num_warps, num_stages=num_stages,
+        TOPK_P2=triton.next_power_of_2(topk), NB_P2=nb_p2, RANK_SELECT=nb_p2 <= 128, PAGES_P2=cfg.pages_p2,
+        PAGES_PER_ITER=cfg.pages_per_iter, FP8_BITS=cfg.fp8_bit_cast, num_warps=num_warps,
+        num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
     if fused:
         return out
