@@ -293,10 +293,12 @@ def _moe_combine_kernel(slots_ptr, out_ptr, T, H, K: tl.constexpr, BT: tl.conste
     tl.store(out, round_to(acc, dt).to(dt), mask=ok)
 
 
-def combine_tile(num_tokens: int) -> tuple[int, int]:
-    """(BT tokens, BH columns) per program of `_moe_combine_kernel`: 1 x 1024 up to 256 tokens (decode: enough
-    programs for the SMs), 4 x 1024 above (prefill: 16 KiB of fp32 per slot per program, 16-byte loads)."""
-    return (1 if num_tokens <= 256 else 4), 1024
+def combine_tile(num_tokens: int) -> tuple[int, int, int]:
+    """(BT tokens, BH columns, num_warps) per program of `_moe_combine_kernel`: 1 x 1024, 4 warps up to 256 tokens
+    (decode: enough programs for the SMs); 2 x 512, 8 warps above (prefill). H200 sweep (session 6, call 8,
+    benchmarks/results/round6/scripts/g8_combine_sweep.py; T = 8192, k = 5, H = 6144, fp32 -> bf16): 2 x 512 / 8
+    warps 284 us (3.9 TB/s over the bytes read + written), the first choice 4 x 1024 / 4 warps 498 us."""
+    return (1, 1024, 4) if num_tokens <= 256 else (2, 512, 8)
 
 
 def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
@@ -314,10 +316,10 @@ def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dty
     out = torch.empty((T, H), dtype=out_dtype, device=out_slots.device)
     if T == 0:
         return out
-    bt, bh = combine_tile(T)
+    bt, bh, warps = combine_tile(T)
     bt, bh = block_t or bt, block_h or bh
     _moe_combine_kernel[(triton.cdiv(T, bt), triton.cdiv(H, bh))](out_slots, out, T, H, K=k, BT=bt, BH=bh,
-                                                                   num_warps=4)
+                                                                   num_warps=warps)
     return out
 
 

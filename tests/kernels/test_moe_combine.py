@@ -33,8 +33,10 @@ def _sequential(slots, T, k, out_dtype):
     return acc.to(out_dtype)
 
 
-# (T, k, H, block_t, block_h): T not a multiple of BT, H not a multiple of BH (several H blocks), k = 1, 5, 9
-SHAPES = [(7, 5, 80, 4, 32), (7, 1, 80, 4, 32), (5, 9, 48, 2, 64), (3, 5, 50, None, None), (9, 2, 1030, None, None)]
+# (T, k, H, block_t, block_h): T not a multiple of BT, H not a multiple of BH (several H blocks), k = 1 .. 9; None =
+# combine_tile's default
+SHAPES = [(7, 5, 80, 4, 32), (7, 1, 80, 4, 32), (5, 9, 48, 2, 64), (3, 5, 50, None, None), (9, 2, 1030, None, None),
+          (259, 3, 520, None, None)]  # the last: the prefill tile (combine_tile above 256 tokens), odd T and H
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
