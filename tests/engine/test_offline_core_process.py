@@ -7,13 +7,11 @@ script without a main guard; the CPU default stays in-process."""
 
 from __future__ import annotations
 
-import _thread
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import psutil
@@ -144,15 +142,22 @@ def test_shutdown_and_exit_leave_no_process(tiny_m3_dir, tmp_path):
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
-def test_interrupt_aborts_the_call_and_frees_its_blocks(pair):
+def test_interrupt_aborts_the_call_and_frees_its_blocks(pair, monkeypatch):
+    """Ctrl-C while the driver processes step outputs (raised on its third step's outputs: deterministic, unlike a
+    timer): KeyboardInterrupt reaches the caller, the call's requests are aborted in the core, the LLM goes on."""
     local, remote = pair
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            remote.generate(_prompts(8, seed=4) * 4, SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
-    finally:
-        timer.cancel()
+    real, calls = remote.remote._process, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(remote.remote, "_process", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        remote.generate(_prompts(8, seed=4) * 4, SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
+    monkeypatch.undo()
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     prompts = _prompts(2, seed=6)
     assert _fields(remote.generate(prompts, params)) == _fields(local.generate(prompts, params))
