@@ -3,11 +3,14 @@ on the tiny MiniMax-M3 config with dummy weights: every field of the final outpu
 (greedy and seeded sampling, n > 1, logprobs, prompt logprobs, stop strings, max_tokens); a rejected prompt aborts
 its whole call and leaves the core serving with no blocks held; a killed core raises EngineError now and later;
 an interrupt aborts the call and frees its blocks; shutdown and interpreter exit leave no process behind, also for a
-script without a main guard; the CPU default stays in-process."""
+script without a main guard, and so does dropping an LLM; generate after shutdown is a clear EngineError in both modes;
+a token-id prompt outside the vocabulary is a ValueError before anything runs (it used to fail the whole batch's
+step); the CPU default stays in-process."""
 
 from __future__ import annotations
 
 import _thread
+import gc
 import os
 import signal
 import subprocess
@@ -158,3 +161,44 @@ def test_interrupt_aborts_the_call_and_frees_its_blocks(pair):
     assert _fields(remote.generate(prompts, params)) == _fields(local.generate(prompts, params))
     stats = remote.core_stats()
     assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_total_blocks"], stats
+
+
+def test_token_id_outside_the_vocabulary_is_refused_before_anything_runs(pair):
+    """It used to reach the model, fail the whole step (every request batched with it ended with finish_reason
+    "error" and no tokens) and return without raising."""
+    local, remote = pair
+    vocab = len(local.tokenizer)
+    fits = _prompts(2, seed=8)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    for llm in (local, remote):
+        for bad in (vocab, -1):
+            with pytest.raises(ValueError, match=rf"token id {bad} in prompt 1 is out of range \[0, {vocab}\)"):
+                llm.generate([fits[0], [5, bad, 6], fits[1]], params)
+        with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
+            llm.generate(fits + fits[:1], [params, params])
+    assert _fields(remote.generate(fits, params)) == _fields(local.generate(fits, params))
+    assert all(o.outputs[0].finish_reason == "length" for o in remote.generate(fits, params))
+    for llm in (local, remote):
+        stats = llm.core_stats()
+        assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_total_blocks"], stats
+
+
+@pytest.mark.parametrize("in_own_process", [False, True], ids=["in-process", "core-process"])
+def test_generate_after_shutdown_says_so(tiny_m3_dir, in_own_process):
+    with LLM(tiny_m3_dir, engine_core_process=in_own_process, **ENGINE) as llm:
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+    llm.shutdown()  # idempotent after the `with` block
+    with pytest.raises(EngineError, match="this LLM was shut down"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+
+
+def test_dropping_an_llm_stops_its_core_process(tiny_m3_dir):
+    """LLMs created and dropped in a loop: each core process (and its KV cache and ipc dir) goes with its LLM, not at
+    interpreter exit."""
+    llm = LLM(tiny_m3_dir, engine_core_process=True, **ENGINE)
+    pid, ipc_dir = llm.remote._core.proc.pid, llm.remote._core.ipc_dir
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+    del llm
+    gc.collect()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not os.path.exists(ipc_dir)
