@@ -20,8 +20,8 @@ from typing import Any, Optional, Sequence, Union
 from ladle.config import EngineConfig
 from ladle.core.sampling_params import SamplingParams
 from ladle.engine.client import EngineError, RequestOutput
-from ladle.engine.config_resolve import resolve_device
-from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
+from ladle.engine.config_resolve import ConfigError, resolve_device
+from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs, preflight_refusals
 from ladle.engine.logprobs import TokenTexts, offline_request_output
 from ladle.engine.output_processor import OutputProcessor
 
@@ -35,7 +35,11 @@ def default_engine_core_process(device: str) -> bool:
 
 
 def _start(config: EngineConfig) -> tuple[Optional[EngineBundle], Optional[Any]]:
-    """(bundle, None) with the core on this thread, (None, CoreProcessDriver) with it in its own process."""
+    """(bundle, None) with the core on this thread, (None, CoreProcessDriver) with it in its own process. Every
+    refusal found without loading weights (engine_factory.preflight_refusals: the model path, the values, the
+    checks against the model's config) is one ConfigError raised here, before a process starts, in both modes."""
+    if refusals := preflight_refusals(config):
+        raise ConfigError(*refusals, source="LLM(...) call")
     if config.parallel.engine_core_process:
         from ladle.engine.offline_core import CoreProcessDriver
 

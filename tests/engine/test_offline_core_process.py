@@ -5,7 +5,8 @@ its whole call and leaves the core serving with no blocks held; a killed core ra
 an interrupt aborts the call and frees its blocks; shutdown and interpreter exit leave no process behind, also for a
 script without a main guard, and so does dropping an LLM; generate after shutdown is a clear EngineError in both modes;
 a token-id prompt outside the vocabulary is a ValueError before anything runs (it used to fail the whole batch's
-step); the CPU default stays in-process."""
+step); settings refused by the model's config are one ConfigError in both modes, before a core process starts (it
+used to be an EngineError from the started core); the CPU default stays in-process."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import pytest
 
 from ladle.core.outputs import RequestRejected
 from ladle.core.sampling_params import SamplingParams
+from ladle.engine import offline_core
 from ladle.engine.client import EngineError
+from ladle.engine.config_resolve import ConfigError
 from ladle.engine.llm import LLM
 
 ENGINE = dict(load_format="dummy", max_model_len=128, kv_cache_memory_bytes=4 << 20, seed=3)
@@ -202,3 +205,17 @@ def test_dropping_an_llm_stops_its_core_process(tiny_m3_dir):
     gc.collect()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not os.path.exists(ipc_dir)
+
+
+@pytest.mark.parametrize("in_own_process", [False, True], ids=["in-process", "core-process"])
+def test_refused_settings_are_one_config_error_before_a_process_starts(tiny_m3_dir, monkeypatch, in_own_process):
+    def no_spawn(*_):
+        raise AssertionError("a core process was started for a refused config")
+
+    monkeypatch.setattr(offline_core, "spawn_core", no_spawn)
+    kw = {**ENGINE, "max_model_len": 10**7, "tensor_parallel_size": 3}
+    with pytest.raises(ConfigError, match="2 settings of this LLM") as refused:
+        LLM(tiny_m3_dir, engine_core_process=in_own_process, **kw)
+    assert "--max-model-len 10000000" in str(refused.value) and "--tensor-parallel-size 3" in str(refused.value)
+    with pytest.raises(ConfigError, match="does not exist"):
+        LLM(os.path.join(tiny_m3_dir, "missing"), engine_core_process=in_own_process, **ENGINE)
