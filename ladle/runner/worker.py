@@ -21,6 +21,7 @@ thread that sees the parent pid change; a closed pipe ends the loop too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -83,6 +84,26 @@ def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
             time.sleep(poll_s)
 
     threading.Thread(target=watch, name="ladle-parent-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def main_module_left_alone(enabled: bool = True):
+    """While a "spawn" child starts (a tensor-parallel rank, the engine-core process): hide `__main__`'s `__spec__`
+    and `__file__`, which multiprocessing reads (in the parent, at Process.start) to decide whether the child
+    imports the main module, so a user's script without an `if __name__ == "__main__":` guard is not re-run there;
+    restored right after. The child's target must not live in `__main__`."""
+    main = sys.modules.get("__main__")
+    if not enabled or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def build_rank_runner(spec: WorkerSpec):

@@ -130,7 +130,7 @@ def test_shutdown_and_exit_leave_no_process(tiny_m3_dir, tmp_path):
     llm.shutdown()  # idempotent
     assert not psutil.pid_exists(pid)
     # a script file with no `if __name__ == "__main__":` guard that never calls shutdown: the core does not re-run
-    # the script (core_spawn._main_left_alone), and the interpreter exits promptly with 0, taking the core with it
+    # the script (runner.worker.main_module_left_alone), and the interpreter exits promptly with 0, taking the core with it
     script = textwrap.dedent(f"""
         import os, sys
         from ladle.core.sampling_params import SamplingParams
