@@ -13,6 +13,7 @@ checks stop strings, but RequestOutputs are built only for requests that finish.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 import weakref
 from typing import Any, Optional, Sequence, Union
@@ -124,8 +125,8 @@ class LLM:
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
         """Generate for every prompt (strings are tokenized; token-id lists used as is) and return one final
-        RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs).
-        Logprobs come in vLLM's form (engine/logprobs.py): `outputs[c].logprobs[i]` and `prompt_logprobs[i]` (None
+        RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs) and
+        `prompt` (the prompt text; None for token ids), as vLLM. Logprobs come in vLLM's form (engine/logprobs.py): `outputs[c].logprobs[i]` and `prompt_logprobs[i]` (None
         for i = 0) are dicts token id -> Logprob(logprob, rank, decoded_token) holding the sampled (prompt) token
         once and the top `logprobs` (`prompt_logprobs`) alternatives.
 
@@ -166,7 +167,9 @@ class LLM:
             for parent_id, *_ in prompts_in:
                 self.processor.remove_request(parent_id)
             raise
-        return [offline_request_output(final[p[0]], self._token_texts) for p in prompts_in]
+        return [dataclasses.replace(offline_request_output(final[p[0]], self._token_texts),
+                                    prompt=prompt if isinstance(prompt, str) else None)
+                for p, prompt in zip(prompts_in, prompts)]
 
     def _run(self) -> dict[str, RequestOutput]:
         """The in-process loop: step the core until it has nothing left; parent id -> final RequestOutput."""

@@ -219,3 +219,11 @@ def test_refused_settings_are_one_config_error_before_a_process_starts(tiny_m3_d
     assert "--max-model-len 10000000" in str(refused.value) and "--tensor-parallel-size 3" in str(refused.value)
     with pytest.raises(ConfigError, match="does not exist"):
         LLM(os.path.join(tiny_m3_dir, "missing"), engine_core_process=in_own_process, **ENGINE)
+
+
+def test_request_output_carries_the_prompt_text(pair):
+    """vLLM's quickstart reads `output.prompt`: the text given, None for a token-id prompt."""
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    for llm in pair:
+        outs = llm.generate(["Name three soups.", [5, 6, 7]], params)
+        assert [o.prompt for o in outs] == ["Name three soups.", None]
