@@ -16,7 +16,8 @@ rank 0 and None from the others (`MultiprocExecutor._collect` takes them):
 A startup failure is reported as ("startup_error", traceback text) so the console shows that rank's own message.
 
 A worker dies with its parent: the kernel's parent-death signal (Linux prctl PR_SET_PDEATHSIG) and a watchdog
-thread that sees the parent pid change; a closed pipe ends the loop too.
+thread that sees the parent pid change; a closed pipe ends the loop too. It ignores SIGINT (Ctrl-C reaches the whole
+process group; the engine decides).
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def build_rank_runner(spec: WorkerSpec):
 
 def worker_main(spec: WorkerSpec, conn, parent_pid: int) -> None:
     """Process target of one rank (module doc for the messages)."""
+    # Ctrl-C reaches the whole process group: the engine decides (the offline LLM aborts the call and generates
+    # again on these ranks; `ladle serve` stops them with its shutdown), as the engine-core process does
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid)
     apply_worker_env()
     try:
