@@ -53,10 +53,10 @@ class LLM:
     (dtype, max_model_len, block_size, kv_cache_memory_bytes, enable_prefix_caching, max_num_seqs,
     max_num_batched_tokens, seed, device, load_format, ...). `bundle` injects a prebuilt engine (tests).
     Raises ValueError for a CUDA-only field (gpu_memory_utilization, cuda_graph_sizes) on a CPU run, as `ladle serve`
-    refuses its flag (engine_factory.engine_config_from_kwargs)."""
+    refuses its flag (engine_factory.engine_config_from_kwargs), and one ConfigError (a ValueError) naming every
+    setting the model's config refuses, before anything loads or a process starts. A dropped LLM stops its engine."""
 
     def __init__(self, model: Optional[str] = None, *, bundle: Optional[EngineBundle] = None, **kwargs: Any) -> None:
-        remote = None
         if bundle is None:
             if "engine_core_process" not in kwargs:  # vLLM's offline default (multiprocessing) where it pays
                 kwargs["engine_core_process"] = default_engine_core_process(str(kwargs.get("device", "auto")))
