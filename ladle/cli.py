@@ -18,6 +18,7 @@ traceback on Ctrl-C or SIGTERM, during startup as well as while serving.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import signal
@@ -62,12 +63,13 @@ def _resolve_model(args: argparse.Namespace) -> None:
         args.model__model = args.model_flag
 
 
-def configs_or_refusal(parser: argparse.ArgumentParser,
-                       argv: list[str]) -> tuple[EngineConfig, ServerConfig, argparse.Namespace]:
+def configs_or_refusal(parser: argparse.ArgumentParser, argv: list[str],
+                       more_refusals: Optional[Callable[[argparse.Namespace], list[str]]] = None,
+                       ) -> tuple[EngineConfig, ServerConfig, argparse.Namespace]:
     """The configs of a command line, or exit with every refusal in one message: status 2 when a flag is refused
     (unsupported, malformed), 1 when only values are. The model's config.json (or GGUF header) is read too, so its
     refusals (tensor-parallel size, block size, context length) join the same message; weights are never loaded
-    here."""
+    here. `more_refusals(args)` adds a command's own value checks (`generate`'s sampling values)."""
     refusals, args = collect_refusals(parser, argv)
     flag_refused = bool(refusals)
     if args is not None:
@@ -79,15 +81,21 @@ def configs_or_refusal(parser: argparse.ArgumentParser,
         # same message as the others, before "configuration accepted"
         refusals += _server_refusals(server_config) + preflight(engine_config, with_model=True)
         refusals += _cuda_only_refusals(argv, engine_config)
+        refusals += more_refusals(args) if more_refusals is not None else []
     if refusals:
         print(f"{parser.prog}: error: {format_refusals(refusals)}", file=sys.stderr)
         sys.exit(2 if flag_refused else 1)
     return engine_config, server_config, args
 
 
+def _given_flags(argv: list[str]) -> set[str]:
+    """The long flags named on a command line (`--flag=value` as `--flag`)."""
+    return {token.partition("=")[0] for token in argv if token.startswith("--")}
+
+
 def _cuda_only_refusals(argv: list[str], engine_config: EngineConfig) -> list[str]:
     """config_resolve.cuda_only_refusals for the flags given on the command line (the CUDA-only ones on a CPU run)."""
-    given = {token.partition("=")[0] for token in argv if token.startswith("--")}
+    given = _given_flags(argv)
     flag_of = {f.name: f.metadata["flag"] for _, f in config_fields()}
     refusals = _lazy("ladle.engine.config_resolve", "cuda_only_refusals", "the engine")
     return refusals([name for name, flag in flag_of.items() if flag in given], engine_config.model.device,
@@ -161,27 +169,37 @@ def cmd_generate(argv: list[str]) -> int:
     parser.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     add_config_args(parser, include_server=False)
     parser.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL")
-    engine_config, _, args = configs_or_refusal(parser, argv)
     from ladle.core.sampling_params import SamplingParams
 
+    def sampling_refusals(args: argparse.Namespace) -> list[str]:
+        try:
+            SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    engine_config, _, args = configs_or_refusal(parser, argv, sampling_refusals)
+    default_engine_core_process = _lazy("ladle.engine.llm", "default_engine_core_process", "the offline LLM API")
+    if not _given_flags(argv) & {"--engine-core-process", "--no-engine-core-process"}:  # the offline API's default
+        parallel = dataclasses.replace(engine_config.parallel,
+                                       engine_core_process=default_engine_core_process(engine_config.model.device))
+        engine_config = dataclasses.replace(engine_config, parallel=parallel)
     LLM = _lazy("ladle.engine.llm", "LLM", "the offline LLM API")
-    build_engine = _lazy("ladle.engine.engine_factory", "build_engine", "the engine")
     try:
-        llm = LLM(bundle=build_engine(engine_config))
-    except Exception as e:  # load/config errors carry user-facing messages
+        with LLM.from_engine_config(engine_config) as llm:
+            if args.raw:
+                prompt_ids = llm.tokenizer.encode(args.prompt)
+            else:
+                from ladle.engine.tokenizer import apply_chat_template
+
+                prompt_ids = apply_chat_template(llm.tokenizer, [{"role": "user", "content": args.prompt}])
+            params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+            outputs = llm.generate([prompt_ids], params)
+    except Exception as e:  # load/config errors and refused prompts (RequestRejected) carry user-facing messages
         if env_flag("LADLE_DEBUG"):
             raise
         print(f"ladle generate: error: {e}\n(set LADLE_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
-    tokenizer = llm.tokenizer
-    if args.raw:
-        prompt_ids = tokenizer.encode(args.prompt)
-    else:
-        from ladle.engine.tokenizer import apply_chat_template
-
-        prompt_ids = apply_chat_template(tokenizer, [{"role": "user", "content": args.prompt}])
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    outputs = llm.generate([prompt_ids], params)
     print(outputs[0].outputs[0].text)
     return 0
 

@@ -99,8 +99,8 @@ class ParallelConfig:
     engine_core_process: bool = _f(
         True, "--engine-core-process",
         "ladle serve: run the engine core (scheduler + runner/executor) in its own process, talking to the API "
-        "server over ZeroMQ; --no-engine-core-process runs it on a thread of the API server. The offline LLM API "
-        "takes it as the kwarg engine_core_process (default: True on CUDA, False on CPU)")
+        "server over ZeroMQ; --no-engine-core-process runs it on a thread of the API server. `ladle generate` and the "
+        "offline LLM API (the kwarg engine_core_process) default to True on CUDA, False on CPU")
 
 
 # Decode batch sizes captured as CUDA graphs by default (then clamped to --max-num-seqs).

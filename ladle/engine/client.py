@@ -52,6 +52,7 @@ class RequestOutput:
     request_id: the internal id (`cmpl-<uuid>`); prompt_logprobs: one entry per prompt token (None first), a
     TokenLogprobs from an EngineClient, a dict token id -> Logprob from `LLM.generate` (as CompletionOutput.logprobs).
     num_cached_tokens: prompt tokens served from the prefix cache (summed over choices' first one).
+    prompt: the prompt text given to `LLM.generate` (None for a token-id prompt, and from an EngineClient), as vLLM.
     """
 
     request_id: str
@@ -61,6 +62,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: Optional[Union[list[Optional[TokenLogprobs]], PromptLogprobs]] = None
     queue_time: Optional[float] = None  # seconds from arrival to first scheduled (set once known)
+    prompt: Optional[str] = None
 
 
 @dataclass

@@ -9,11 +9,9 @@ offline LLM's CoreProcessDriver (ladle/engine/offline_core.py, blocking).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ import zmq
 
 from ladle.engine import core_messages as msg
 from ladle.engine.client import EngineError
+from ladle.runner.worker import main_module_left_alone
 
 
 @dataclass
@@ -77,7 +76,7 @@ def spawn_core(engine_config: Any, startup_timeout_s: float = 3600.0,
         target=core_target, name="ladle-engine-core", daemon=False,
         args=(engine_config, f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out", os.getpid()))
     try:
-        with _main_left_alone(core_target.__module__ != "__main__"):
+        with main_module_left_alone(core_target.__module__ != "__main__"):
             proc.start()
         ready = _wait_ready(proc, from_core, startup_timeout_s)
     except BaseException:  # a failed build, a signal while loading: no core outlives this
@@ -91,24 +90,6 @@ def spawn_core(engine_config: Any, startup_timeout_s: float = 3600.0,
         shutil.rmtree(ipc_dir, ignore_errors=True)
         raise
     return CoreProcess(proc, zctx, to_core, from_core, ipc_dir, ready)
-
-
-@contextlib.contextmanager
-def _main_left_alone(enabled: bool):
-    """While a "spawn" child starts: hide `__main__`'s `__spec__` and `__file__`, which multiprocessing reads (in
-    the parent, at Process.start) to decide whether the child imports the main module; restored right after."""
-    main = sys.modules.get("__main__")
-    if not enabled or main is None:
-        yield
-        return
-    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 def _wait_ready(proc: Any, from_core: Any, timeout_s: float) -> msg.Ready:

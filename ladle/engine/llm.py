@@ -13,17 +13,39 @@ checks stop strings, but RequestOutputs are built only for requests that finish.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+import weakref
 from typing import Any, Optional, Sequence, Union
 
+from ladle.config import EngineConfig
 from ladle.core.sampling_params import SamplingParams
-from ladle.engine.client import RequestOutput
-from ladle.engine.config_resolve import resolve_device
-from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs
+from ladle.engine.client import EngineError, RequestOutput
+from ladle.engine.config_resolve import ConfigError, resolve_device
+from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs, preflight_refusals
 from ladle.engine.logprobs import TokenTexts, offline_request_output
 from ladle.engine.output_processor import OutputProcessor
 
 Prompt = Union[str, list[int]]
+
+
+def default_engine_core_process(device: str) -> bool:
+    """The offline default of `engine_core_process` (LLM and `ladle generate`): its own process on CUDA (vLLM's
+    default, multiprocessing), the caller's thread on CPU."""
+    return resolve_device(device).startswith("cuda")
+
+
+def _start(config: EngineConfig) -> tuple[Optional[EngineBundle], Optional[Any]]:
+    """(bundle, None) with the core on this thread, (None, CoreProcessDriver) with it in its own process. Every
+    refusal found without loading weights (engine_factory.preflight_refusals: the model path, the values, the
+    checks against the model's config) is one ConfigError raised here, before a process starts, in both modes."""
+    if refusals := preflight_refusals(config):
+        raise ConfigError(*refusals, source="LLM(...) call")
+    if config.parallel.engine_core_process:
+        from ladle.engine.offline_core import CoreProcessDriver
+
+        return None, CoreProcessDriver.start(config)
+    return build_engine(config), None
 
 
 class LLM:
@@ -31,27 +53,41 @@ class LLM:
     (dtype, max_model_len, block_size, kv_cache_memory_bytes, enable_prefix_caching, max_num_seqs,
     max_num_batched_tokens, seed, device, load_format, ...). `bundle` injects a prebuilt engine (tests).
     Raises ValueError for a CUDA-only field (gpu_memory_utilization, cuda_graph_sizes) on a CPU run, as `ladle serve`
-    refuses its flag (engine_factory.engine_config_from_kwargs)."""
+    refuses its flag (engine_factory.engine_config_from_kwargs), and one ConfigError (a ValueError) naming every
+    setting the model's config refuses, before anything loads or a process starts. A dropped LLM stops its engine."""
 
     def __init__(self, model: Optional[str] = None, *, bundle: Optional[EngineBundle] = None, **kwargs: Any) -> None:
-        self.remote: Optional[Any] = None  # CoreProcessDriver when the core runs in its own process
         if bundle is None:
             if "engine_core_process" not in kwargs:  # vLLM's offline default (multiprocessing) where it pays
-                kwargs["engine_core_process"] = resolve_device(str(kwargs.get("device", "auto"))) == "cuda"
-            config = engine_config_from_kwargs(model, **kwargs)
-            if config.parallel.engine_core_process:
-                from ladle.engine.offline_core import CoreProcessDriver
+                kwargs["engine_core_process"] = default_engine_core_process(str(kwargs.get("device", "auto")))
+            bundle, remote = _start(engine_config_from_kwargs(model, **kwargs))
+            self._attach(bundle, remote, owned=True)
+        else:
+            self._attach(bundle, None, owned=False)
 
-                self.remote = CoreProcessDriver.start(config)
-            else:
-                bundle = build_engine(config)
+    @classmethod
+    def from_engine_config(cls, engine_config: EngineConfig) -> "LLM":
+        """An LLM on a complete EngineConfig (`ladle generate` builds one from its flags); its
+        `parallel.engine_core_process` is taken as is."""
+        llm = cls.__new__(cls)
+        llm._attach(*_start(engine_config), owned=True)
+        return llm
+
+    def _attach(self, bundle: Optional[EngineBundle], remote: Optional[Any], owned: bool) -> None:
+        self.remote = remote  # CoreProcessDriver when the core runs in its own process
         self.bundle = bundle
         self.core = bundle.core if bundle is not None else None  # None: the core is in its own process
-        front = bundle if bundle is not None else self.remote
+        front = bundle if bundle is not None else remote
         self.tokenizer = front.tokenizer
         self.engine_config = front.engine_config
         self.processor = OutputProcessor(self.tokenizer, final_only=True)
         self._token_texts = TokenTexts(self.tokenizer) if self.tokenizer is not None else None
+        self._closed = False
+        # an engine this LLM started stops once: on shutdown(), or when the LLM is garbage-collected (a dropped LLM
+        # must not keep its core process, KV cache and workers until the interpreter exits), or at exit. An
+        # injected bundle belongs to the caller: only shutdown() stops it.
+        stop = (remote or self.core).shutdown
+        self._stop = weakref.finalize(self, stop) if owned else stop
 
     def core_stats(self) -> dict:
         """The engine core's stats snapshot (ladle/engine/core_process.core_stats: SchedulerStats fields,
@@ -64,11 +100,9 @@ class LLM:
 
     def shutdown(self) -> None:
         """Stop the engine-core process or the tensor-parallel worker processes (if any; they also stop when this
-        process exits)."""
-        if self.remote is not None:
-            self.remote.shutdown()
-        else:
-            self.core.shutdown()
+        process exits). Idempotent; a later generate() raises EngineError."""
+        self._closed = True
+        self._stop()
 
     def __enter__(self) -> "LLM":
         return self
@@ -76,21 +110,29 @@ class LLM:
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
 
-    def _encode(self, prompt: Prompt) -> list[int]:
+    def _encode(self, prompt: Prompt, index: int) -> list[int]:
+        """Token ids of prompt `index`; ValueError naming the first id outside the vocabulary (the model would index
+        past its embedding rows, failing the whole step of every request batched with it)."""
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt).input_ids)
-        return [int(t) for t in prompt]
+        ids = [int(t) for t in prompt]
+        vocab_size = len(self.tokenizer) if self.tokenizer is not None else None
+        if vocab_size is not None and ids and not (0 <= min(ids) and max(ids) < vocab_size):
+            bad = next(t for t in ids if not 0 <= t < vocab_size)
+            raise ValueError(f"token id {bad} in prompt {index} is out of range [0, {vocab_size}) (the vocabulary)")
+        return ids
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
         """Generate for every prompt (strings are tokenized; token-id lists used as is) and return one final
-        RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs).
-        Logprobs come in vLLM's form (engine/logprobs.py): `outputs[c].logprobs[i]` and `prompt_logprobs[i]` (None
+        RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs) and
+        `prompt` (the prompt text; None for token ids), as vLLM. Logprobs come in vLLM's form (engine/logprobs.py): `outputs[c].logprobs[i]` and `prompt_logprobs[i]` (None
         for i = 0) are dicts token id -> Logprob(logprob, rank, decoded_token) holding the sampled (prompt) token
         once and the top `logprobs` (`prompt_logprobs`) alternatives.
 
-        Raises RequestRejected (nothing of this call stays queued) when a request can never fit, ValueError when
-        logprobs / prompt_logprobs exceed the vocabulary size.
+        Raises RequestRejected (nothing of this call stays queued) when a request can never fit, ValueError
+        (before anything is queued) when logprobs / prompt_logprobs exceed the vocabulary size or a token-id prompt
+        holds an id outside the vocabulary, EngineError after shutdown().
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -98,14 +140,19 @@ class LLM:
             sampling_params = SamplingParams()
         params_list = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
                        else [sampling_params] * len(prompts))
-        assert len(params_list) == len(prompts), "one SamplingParams per prompt, or a single one"
+        if self._closed:
+            raise EngineError("this LLM was shut down (llm.shutdown() or the end of its `with` block); "
+                              "create a new LLM to generate again")
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts: "
+                             f"pass one per prompt, or a single one for all")
         if self.tokenizer is not None:  # the runner's top-k cannot give more alternatives than the vocabulary has
             for params in params_list:
                 params.check_logprobs_limit(len(self.tokenizer), "the vocabulary size")
+        encoded = [self._encode(prompt, i) for i, prompt in enumerate(prompts)]
         prompts_in: list[tuple[str, list[str], list[int], SamplingParams]] = []
         try:
-            for prompt, params in zip(prompts, params_list):
-                ids = self._encode(prompt)
+            for ids, params in zip(encoded, params_list):
                 parent_id = f"cmpl-{uuid.uuid4().hex}"
                 prompts_in.append((parent_id, self.processor.add_request(parent_id, ids, params), ids, params))
             if self.remote is not None:
@@ -120,7 +167,9 @@ class LLM:
             for parent_id, *_ in prompts_in:
                 self.processor.remove_request(parent_id)
             raise
-        return [offline_request_output(final[p[0]], self._token_texts) for p in prompts_in]
+        return [dataclasses.replace(offline_request_output(final[p[0]], self._token_texts),
+                                    prompt=prompt if isinstance(prompt, str) else None)
+                for p, prompt in zip(prompts_in, prompts)]
 
     def _run(self) -> dict[str, RequestOutput]:
         """The in-process loop: step the core until it has nothing left; parent id -> final RequestOutput."""

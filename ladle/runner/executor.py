@@ -24,7 +24,7 @@ from multiprocessing.connection import wait
 from typing import Optional
 
 from ladle.distributed.parallel_state import WORKER_ENV, free_port
-from ladle.runner.worker import RankInfo, WorkerSpec, worker_main
+from ladle.runner.worker import RankInfo, WorkerSpec, main_module_left_alone, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ class MultiprocExecutor:
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(dataclasses.replace(spec, rank=rank), child_end, os.getpid()),
                                name=f"ladle-tp-rank{rank}", daemon=True)
-            proc.start()
+            with main_module_left_alone():  # an unguarded user script is not re-run in the rank
+                proc.start()
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)

@@ -16,11 +16,13 @@ rank 0 and None from the others (`MultiprocExecutor._collect` takes them):
 A startup failure is reported as ("startup_error", traceback text) so the console shows that rank's own message.
 
 A worker dies with its parent: the kernel's parent-death signal (Linux prctl PR_SET_PDEATHSIG) and a watchdog
-thread that sees the parent pid change; a closed pipe ends the loop too.
+thread that sees the parent pid change; a closed pipe ends the loop too. It ignores SIGINT (Ctrl-C reaches the whole
+process group; the engine decides).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -85,6 +87,26 @@ def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="ladle-parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def main_module_left_alone(enabled: bool = True):
+    """While a "spawn" child starts (a tensor-parallel rank, the engine-core process): hide `__main__`'s `__spec__`
+    and `__file__`, which multiprocessing reads (in the parent, at Process.start) to decide whether the child
+    imports the main module, so a user's script without an `if __name__ == "__main__":` guard is not re-run there;
+    restored right after. The child's target must not live in `__main__`."""
+    main = sys.modules.get("__main__")
+    if not enabled or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def build_rank_runner(spec: WorkerSpec):
     """Join the group and build this rank's ModelRunner; returns (runner, RankInfo)."""
     from ladle.models.loader import load_model
@@ -109,6 +131,9 @@ def build_rank_runner(spec: WorkerSpec):
 
 def worker_main(spec: WorkerSpec, conn, parent_pid: int) -> None:
     """Process target of one rank (module doc for the messages)."""
+    # Ctrl-C reaches the whole process group: the engine decides (the offline LLM aborts the call and generates
+    # again on these ranks; `ladle serve` stops them with its shutdown), as the engine-core process does
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid)
     apply_worker_env()
     try:

@@ -3,10 +3,14 @@ on the tiny MiniMax-M3 config with dummy weights: every field of the final outpu
 (greedy and seeded sampling, n > 1, logprobs, prompt logprobs, stop strings, max_tokens); a rejected prompt aborts
 its whole call and leaves the core serving with no blocks held; a killed core raises EngineError now and later;
 an interrupt aborts the call and frees its blocks; shutdown and interpreter exit leave no process behind, also for a
-script without a main guard; the CPU default stays in-process."""
+script without a main guard, and so does dropping an LLM; generate after shutdown is a clear EngineError in both modes;
+a token-id prompt outside the vocabulary is a ValueError before anything runs (it used to fail the whole batch's
+step); settings refused by the model's config are one ConfigError in both modes, before a core process starts (it
+used to be an EngineError from the started core); the CPU default stays in-process."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -19,7 +23,9 @@ import pytest
 
 from ladle.core.outputs import RequestRejected
 from ladle.core.sampling_params import SamplingParams
+from ladle.engine import offline_core
 from ladle.engine.client import EngineError
+from ladle.engine.config_resolve import ConfigError
 from ladle.engine.llm import LLM
 
 ENGINE = dict(load_format="dummy", max_model_len=128, kv_cache_memory_bytes=4 << 20, seed=3)
@@ -122,7 +128,7 @@ def test_shutdown_and_exit_leave_no_process(tiny_m3_dir, tmp_path):
     llm.shutdown()  # idempotent
     assert not psutil.pid_exists(pid)
     # a script file with no `if __name__ == "__main__":` guard that never calls shutdown: the core does not re-run
-    # the script (core_spawn._main_left_alone), and the interpreter exits promptly with 0, taking the core with it
+    # the script (runner.worker.main_module_left_alone), and the interpreter exits promptly with 0, taking the core with it
     script = textwrap.dedent(f"""
         import os, sys
         from ladle.core.sampling_params import SamplingParams
@@ -163,3 +169,66 @@ def test_interrupt_aborts_the_call_and_frees_its_blocks(pair, monkeypatch):
     assert _fields(remote.generate(prompts, params)) == _fields(local.generate(prompts, params))
     stats = remote.core_stats()
     assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_total_blocks"], stats
+
+
+def test_token_id_outside_the_vocabulary_is_refused_before_anything_runs(pair):
+    """It used to reach the model, fail the whole step (every request batched with it ended with finish_reason
+    "error" and no tokens) and return without raising."""
+    local, remote = pair
+    vocab = len(local.tokenizer)
+    fits = _prompts(2, seed=8)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    for llm in (local, remote):
+        for bad in (vocab, -1):
+            with pytest.raises(ValueError, match=rf"token id {bad} in prompt 1 is out of range \[0, {vocab}\)"):
+                llm.generate([fits[0], [5, bad, 6], fits[1]], params)
+        with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
+            llm.generate(fits + fits[:1], [params, params])
+    assert _fields(remote.generate(fits, params)) == _fields(local.generate(fits, params))
+    assert all(o.outputs[0].finish_reason == "length" for o in remote.generate(fits, params))
+    for llm in (local, remote):
+        stats = llm.core_stats()
+        assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_total_blocks"], stats
+
+
+@pytest.mark.parametrize("in_own_process", [False, True], ids=["in-process", "core-process"])
+def test_generate_after_shutdown_says_so(tiny_m3_dir, in_own_process):
+    with LLM(tiny_m3_dir, engine_core_process=in_own_process, **ENGINE) as llm:
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+    llm.shutdown()  # idempotent after the `with` block
+    with pytest.raises(EngineError, match="this LLM was shut down"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+
+
+def test_dropping_an_llm_stops_its_core_process(tiny_m3_dir):
+    """LLMs created and dropped in a loop: each core process (and its KV cache and ipc dir) goes with its LLM, not at
+    interpreter exit."""
+    llm = LLM(tiny_m3_dir, engine_core_process=True, **ENGINE)
+    pid, ipc_dir = llm.remote._core.proc.pid, llm.remote._core.ipc_dir
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+    del llm
+    gc.collect()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not os.path.exists(ipc_dir)
+
+
+@pytest.mark.parametrize("in_own_process", [False, True], ids=["in-process", "core-process"])
+def test_refused_settings_are_one_config_error_before_a_process_starts(tiny_m3_dir, monkeypatch, in_own_process):
+    def no_spawn(*_):
+        raise AssertionError("a core process was started for a refused config")
+
+    monkeypatch.setattr(offline_core, "spawn_core", no_spawn)
+    kw = {**ENGINE, "max_model_len": 10**7, "tensor_parallel_size": 3}
+    with pytest.raises(ConfigError, match="2 settings of this LLM") as refused:
+        LLM(tiny_m3_dir, engine_core_process=in_own_process, **kw)
+    assert "--max-model-len 10000000" in str(refused.value) and "--tensor-parallel-size 3" in str(refused.value)
+    with pytest.raises(ConfigError, match="does not exist"):
+        LLM(os.path.join(tiny_m3_dir, "missing"), engine_core_process=in_own_process, **ENGINE)
+
+
+def test_request_output_carries_the_prompt_text(pair):
+    """vLLM's quickstart reads `output.prompt`: the text given, None for a token-id prompt."""
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    for llm in pair:
+        outs = llm.generate(["Name three soups.", [5, 6, 7]], params)
+        assert [o.prompt for o in outs] == ["Name three soups.", None]
