@@ -410,16 +410,8 @@ class Scheduler:
         """A copy of the counters plus current queue and pool gauges."""
         kv = self.kv_cache_manager
         s = self._stats
-        return SchedulerStats(
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            kv_cache_usage=kv.usage(),
-            num_free_blocks=kv.num_free_blocks,
-            num_total_blocks=kv.num_usable_blocks,
-            prompt_tokens_total=s.prompt_tokens_total,
-            num_preemptions_total=s.num_preemptions_total,
-            prefix_cache_queries_total=s.prefix_cache_queries_total,
-            prefix_cache_hits_total=s.prefix_cache_hits_total,
-            iteration_tokens_counts=s.iteration_tokens_counts,
-            iteration_tokens_sum=s.iteration_tokens_sum,
-        )
+        # positional: SchedulerStats' field order (called every step by the step record and the core's stats)
+        return SchedulerStats(len(self.running), len(self.waiting), kv.usage(), kv.num_free_blocks,
+                              kv.num_usable_blocks, s.prompt_tokens_total, s.num_preemptions_total,
+                              s.prefix_cache_queries_total, s.prefix_cache_hits_total, s.iteration_tokens_counts,
+                              s.iteration_tokens_sum)
