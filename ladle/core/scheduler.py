@@ -167,9 +167,9 @@ class Scheduler:
             budget -= num_new
             i += 1
         if not out.preempted_request_ids:
-            self._schedule_waiting(budget, out)
-        if out.chunks:
-            self._count_iteration(out.num_scheduled_tokens)
+            budget = self._schedule_waiting(budget, out)
+        if out.chunks:  # every chunk took its tokens from the budget (no second pass over the chunks)
+            self._count_iteration(self.config.max_num_batched_tokens - budget)
         return out
 
     def _num_unscheduled(self, request: Request) -> int:
@@ -217,7 +217,8 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
+    def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> int:
+        """Admit waiting requests into `out` (module docstring, 2.); returns what is left of `budget`."""
         kv = self.kv_cache_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             if kv.num_free_blocks == 0:  # hits are whole blocks and >= 1 token is computed: a new block is needed,
@@ -245,6 +246,7 @@ class Scheduler:
             )
             self._add_chunk(out, request, num_new)
             budget -= num_new
+        return budget
 
     def _on_first_schedule(self, request: Request, num_hit: int) -> None:
         request.first_scheduled_time = time.monotonic()
