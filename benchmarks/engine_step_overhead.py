@@ -246,7 +246,11 @@ def run_one(bundle, batch: int, params, args, seed: int, timed: bool):
     text_digest = None
     try:
         if llm is not None:
-            finals = llm._run(order)
+            if "order" in llm._run.__code__.co_varnames[:llm._run.__code__.co_argcount]:  # trees before 87bed5d
+                finals = llm._run(order)
+            else:  # parent id -> final RequestOutput
+                final = llm._run()
+                finals = [final[pid] for pid in order]
             texts = "\x00".join(c.text for ro in finals for c in ro.outputs)
             text_digest = hashlib.sha1(texts.encode()).hexdigest()[:16]
         else:

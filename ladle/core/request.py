@@ -121,16 +121,16 @@ class Request:
         `stop_reason`: the stop token id; None for EOS) and returns True when finished. Does not change
         `status` (the scheduler does, when it frees the blocks).
         """
-        params = self.sampling_params
-        last = self.output_token_ids[-1]
-        if self.num_output_tokens >= params.min_tokens:
+        params, outputs = self.sampling_params, self.output_token_ids
+        num_outputs, last = len(outputs), outputs[-1]
+        if num_outputs >= params.min_tokens:
             if not params.ignore_eos and last in self.eos_token_ids:
                 self.finish_reason, self.stop_reason = FINISH_STOP, None
                 return True
             if last in params.stop_token_ids:
                 self.finish_reason, self.stop_reason = FINISH_STOP, last
                 return True
-        if self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len:
+        if num_outputs >= params.max_tokens or len(self._all_token_ids) >= max_model_len:
             self.finish_reason, self.stop_reason = FINISH_LENGTH, None
             return True
         return False

@@ -167,9 +167,9 @@ class Scheduler:
             budget -= num_new
             i += 1
         if not out.preempted_request_ids:
-            self._schedule_waiting(budget, out)
-        if out.chunks:
-            self._count_iteration(out.num_scheduled_tokens)
+            budget = self._schedule_waiting(budget, out)
+        if out.chunks:  # every chunk took its tokens from the budget (no second pass over the chunks)
+            self._count_iteration(self.config.max_num_batched_tokens - budget)
         return out
 
     def _num_unscheduled(self, request: Request) -> int:
@@ -217,7 +217,8 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
+    def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> int:
+        """Admit waiting requests into `out` (module docstring, 2.); returns what is left of `budget`."""
         kv = self.kv_cache_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             if kv.num_free_blocks == 0:  # hits are whole blocks and >= 1 token is computed: a new block is needed,
@@ -245,6 +246,7 @@ class Scheduler:
             )
             self._add_chunk(out, request, num_new)
             budget -= num_new
+        return budget
 
     def _on_first_schedule(self, request: Request, num_hit: int) -> None:
         request.first_scheduled_time = time.monotonic()
@@ -260,25 +262,22 @@ class Scheduler:
         there is at most one position, the token its in-flight step samples: a placeholder."""
         start = request.num_computed_tokens + request.num_inflight_tokens
         end = start + num_new
-        known = request.num_tokens
-        token_ids = request.all_token_ids[start:end]
+        tokens = request.all_token_ids
+        known = len(tokens)
         if end > known:
             assert end == known + 1 == start + 1, f"placeholder beyond one in-flight token: {request}"
             token_ids = [PLACEHOLDER_TOKEN_ID]
             out.placeholder_chunks.append(len(out.chunks))
+        else:
+            token_ids = tokens[start:end]
         num_pl = 0
         if request.wants_prompt_logprobs and not request.prompt_logprobs_sent:
             # Positions p whose next token p + 1 is a prompt token: p <= num_prompt_tokens - 2.
             num_pl = max(0, min(end, request.num_prompt_tokens - 1) - start)
         sample = end == known + request.num_inflight_samples and request.max_tokens > 0
-        out.chunks.append(ScheduledChunk(
-            request_id=request.request_id,
-            token_ids=token_ids,
-            start_position=start,
-            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-            sample=sample,
-            prompt_logprob_positions=num_pl,
-        ))
+        # positional: ScheduledChunk's field order (a keyword call costs twice as much, once per request per step)
+        out.chunks.append(ScheduledChunk(request.request_id, token_ids, start,
+                                         self.kv_cache_manager.get_block_ids(request.request_id), sample, num_pl))
         request.num_inflight_tokens += num_new
         request.num_inflight_samples += sample
 
@@ -301,36 +300,43 @@ class Scheduler:
         Chunks of requests finished since `schedule` (aborted in between) are ignored; a request preempted
         since (asynchronous scheduling: by the next step's `schedule`) only gets its sampled token."""
         outputs: list[EngineOutput] = []
+        requests, sampled, logprobs = self.requests, runner_output.sampled_token_ids, runner_output.logprobs
+        block_size, running = self.block_size, RequestStatus.RUNNING
         for chunk in scheduler_output.chunks:
-            request = self.requests.get(chunk.request_id)
+            request = requests.get(chunk.request_id)
             if request is None:
                 continue
             rid = request.request_id
-            request.num_inflight_tokens -= len(chunk.token_ids)
-            request.num_inflight_samples -= chunk.sample
-            if request.status == RequestStatus.RUNNING:
-                request.num_computed_tokens += len(chunk.token_ids)
+            num_fed, sample = len(chunk.token_ids), chunk.sample
+            request.num_inflight_tokens -= num_fed
+            request.num_inflight_samples -= sample
+            if request.status is running:
+                computed = request.num_computed_tokens
+                request.num_computed_tokens = computed + num_fed
                 if chunk.prompt_logprob_positions:
                     request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(rid, ()))
-                # Only computed tokens are registered, and they are all known (placeholders lie beyond them).
-                self.kv_cache_manager.cache_full_blocks(request)
-            elif not chunk.sample:
+                # Only computed tokens are registered, and they are all known (placeholders lie beyond them). The
+                # blocks full before this chunk were registered when they filled (or were prefix hits), so only a
+                # chunk that fills a block has anything to register.
+                if (computed + num_fed) // block_size > computed // block_size:
+                    self.kv_cache_manager.cache_full_blocks(request)
+            elif not sample:
                 continue
             new_token_ids: list[int] = []
             new_logprobs = None
             finished = False
-            if chunk.sample:
-                assert rid in runner_output.sampled_token_ids, f"runner returned no token for {rid}"
-                token_id = runner_output.sampled_token_ids[rid]
+            if sample:
+                token_id = sampled.get(rid)
+                assert token_id is not None, f"runner returned no token for {rid}"
                 request.append_output_token(token_id)
                 new_token_ids = [token_id]
-                if rid in runner_output.logprobs:
-                    new_logprobs = [runner_output.logprobs[rid]]
+                if logprobs and rid in logprobs:
+                    new_logprobs = [logprobs[rid]]
                 finished = request.check_stop(self.max_model_len)
             elif request.max_tokens == 0 and request.num_computed_tokens >= request.num_prompt_tokens:
                 request.finish_reason = FINISH_LENGTH
                 finished = True
-            if not (new_token_ids or finished):
+            else:
                 continue
             output = self._make_output(request, new_token_ids, new_logprobs)
             if finished:
@@ -349,18 +355,11 @@ class Scheduler:
         ):
             prompt_logprobs = [None] + list(request.prompt_logprobs)
             request.prompt_logprobs_sent = True
-        return EngineOutput(
-            request_id=request.request_id,
-            new_token_ids=new_token_ids,
-            new_logprobs=new_logprobs,
-            prompt_logprobs=prompt_logprobs,
-            finish_reason=request.finish_reason,
-            stop_reason=request.stop_reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=request.num_cached_tokens,
-            queue_time=(None if request.first_scheduled_time is None
-                        else request.first_scheduled_time - request.arrival_time),
-        )
+        first = request.first_scheduled_time
+        # positional: EngineOutput's field order (a keyword call costs twice as much, once per request per step)
+        return EngineOutput(request.request_id, new_token_ids, new_logprobs, prompt_logprobs, request.finish_reason,
+                            request.stop_reason, None, request.num_prompt_tokens, request.num_cached_tokens,
+                            None if first is None else first - request.arrival_time)
 
     # ---- finishing ---------------------------------------------------------------------------------
 
@@ -413,16 +412,8 @@ class Scheduler:
         """A copy of the counters plus current queue and pool gauges."""
         kv = self.kv_cache_manager
         s = self._stats
-        return SchedulerStats(
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            kv_cache_usage=kv.usage(),
-            num_free_blocks=kv.num_free_blocks,
-            num_total_blocks=kv.num_usable_blocks,
-            prompt_tokens_total=s.prompt_tokens_total,
-            num_preemptions_total=s.num_preemptions_total,
-            prefix_cache_queries_total=s.prefix_cache_queries_total,
-            prefix_cache_hits_total=s.prefix_cache_hits_total,
-            iteration_tokens_counts=s.iteration_tokens_counts,
-            iteration_tokens_sum=s.iteration_tokens_sum,
-        )
+        # positional: SchedulerStats' field order (called every step by the step record and the core's stats)
+        return SchedulerStats(len(self.running), len(self.waiting), kv.usage(), kv.num_free_blocks,
+                              kv.num_usable_blocks, s.prompt_tokens_total, s.num_preemptions_total,
+                              s.prefix_cache_queries_total, s.prefix_cache_hits_total, s.iteration_tokens_counts,
+                              s.iteration_tokens_sum)

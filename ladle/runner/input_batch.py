@@ -20,7 +20,7 @@ On CUDA both copies start from pinned memory without blocking (`to_device`), so 
 previous one still runs (asynchronous scheduling).
 
 Placeholders (asynchronous scheduling): a decode chunk whose token is still being sampled by the step in flight
-feeds PLACEHOLDER_TOKEN_ID; `placeholders` gives (chunk index, row of that step's sampled-id tensor) per such chunk,
+feeds PLACEHOLDER_TOKEN_ID; `placeholders` gives (chunk indices, rows of that step's sampled-id tensor) of such chunks,
 and BatchInputs carries them as `placeholder_dst` (flat token index) / `placeholder_src` (sampled row) for the
 runner to fill `input_ids` on the device before the forward.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -121,20 +121,20 @@ def _pack(arrays: list, dtype, device: torch.device) -> list[torch.Tensor]:
     for a, n, m in zip(arrays, sizes, padded):
         host[o:o + n] = a
         o += m
-    views = to_device(torch.from_numpy(host), device).split(padded)
+    views = to_device(torch.from_numpy(host), device).split_with_sizes(padded)  # (Tensor.split wraps it in Python)
     return [v if m == n else v[:n] for v, n, m in zip(views, sizes, padded)]
 
 
 def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: torch.device,
                        block_table: Optional[np.ndarray] = None,
-                       placeholders: Optional[list[tuple[int, int]]] = None) -> BatchInputs:
+                       placeholders: Optional[tuple[Sequence[int], Sequence[int]]] = None) -> BatchInputs:
     """Flatten the chunks of one step (two host->device copies; per-token work in numpy, per-chunk scalars in
     plain Python, which is cheaper than numpy calls for the few hundred values of a decode step).
 
     block_table: the step's [B, >= max blocks] int32 table when the caller keeps one (ModelRunner updates
-    its rows incrementally); built from `chunk.block_ids` when None. placeholders: (chunk index, sampled row) per
-    placeholder chunk (module docstring). Raises AssertionError when a chunk's block table is too short for its
-    positions (scheduler bug) or a chunk is empty.
+    its rows incrementally); built from `chunk.block_ids` when None. placeholders: (chunk indices, sampled rows)
+    of the placeholder chunks (module docstring). Raises AssertionError when a chunk's block table is too short for
+    its positions (scheduler bug) or a chunk is empty.
     """
     assert chunks, "build_batch_inputs needs at least one chunk"
     num_reqs = len(chunks)
@@ -174,7 +174,8 @@ def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: to
     sample_positions = [seq_lens[i] for i in sample_idx]
     int64_arrays = [input_ids, positions, slots, indices, sample_positions]
     if placeholders:
-        int64_arrays += [[qsl[i] for i, _ in placeholders], [row for _, row in placeholders]]
+        chunk_idx, rows = placeholders
+        int64_arrays += [chunk_idx if num_tokens == num_reqs else [qsl[i] for i in chunk_idx], rows]
     ids_t, pos_t, slots_t, idx_t, spos_t, *fill_t = _pack(int64_arrays, np.int64, device)
     qsl_t, seq_t, ctx_t, table_t = _pack([qsl, seq_lens, starts, table.reshape(-1)], np.int32, device)
     metadata = AttentionMetadata(

@@ -241,13 +241,24 @@ class ModelRunner:
         return row
 
     def _prepare_inputs(self, chunks: list[ScheduledChunk], placeholder_chunks: list[int]) -> BatchInputs:
-        rows = [self._table_row(self.requests[c.request_id], c.block_ids) for c in chunks]
-        width = max(len(c.block_ids) for c in chunks)  # gather only the used columns, not max_model_len's worth
+        requests, rows, width = self.requests, [], 0
+        for c in chunks:
+            state, block_ids = requests[c.request_id], c.block_ids
+            n = len(block_ids)
+            # the usual decode step leaves a row as it was: check that inline, without a call per request
+            if not n or n != state.num_table_blocks or state.table_last_block != block_ids[-1] or state.table_row < 0:
+                self._table_row(state, block_ids)
+            rows.append(state.table_row)
+            if n > width:  # gather only the used columns, not max_model_len's worth
+                width = n
         placeholders = None
         if placeholder_chunks:
             last = self._last_step
             assert last is not None and last.sampled is not None, "placeholders without a launched step to fill them"
-            placeholders = [(i, last.row_of(chunks[i].request_id)) for i in placeholder_chunks]
+            ids = [chunks[i].request_id for i in placeholder_chunks]
+            # the usual decode step feeds the previous step's sampled rows in their order
+            placeholders = (placeholder_chunks,
+                            np.arange(len(ids)) if ids == last.sample_ids else [last.row_of(rid) for rid in ids])
         batch = build_batch_inputs(chunks, self.block_size, self.device, self._block_table_cpu[rows, :width],
                                    placeholders)
         if placeholders:  # on the device, stream-ordered after the step that samples them: no host round trip
@@ -307,7 +318,7 @@ class ModelRunner:
     def _sampling_tensors(self, states: list[RequestState], positions, vocab_size: int):
         """SamplingTensors for these rows; the per-composition part is reused while the batch's requests (the
         same state objects, in order) stay the same. Returns (tensors, max top logprobs or None)."""
-        key = tuple(s.serial for s in states)
+        key = tuple([s.serial for s in states])  # a list comprehension is faster than a generator here
         if self._static_cache is None or self._static_cache[0] != key:
             wanted = [s.sampling_params.logprobs for s in states if s.sampling_params.logprobs is not None]
             self._static_cache = (key, build_static_sampling(states, vocab_size, self.device),
@@ -318,7 +329,8 @@ class ModelRunner:
     def _sample(self, chunks: list[ScheduledChunk], batch: BatchInputs, logits: torch.Tensor) -> LaunchedStep:
         layout = batch.logits
         sample_chunks = chunks if len(layout.sample_rows) == len(chunks) else [c for c in chunks if c.sample]
-        states = [self.requests[c.request_id] for c in sample_chunks]
+        sample_ids = [c.request_id for c in sample_chunks]
+        states = [self.requests[rid] for rid in sample_ids]
         packs: list[torch.Tensor] = []
         sampled = None
         num_top = None
@@ -338,7 +350,7 @@ class ModelRunner:
         for _, first, count, targets, k in prompt_specs:
             target_t = to_device(torch.tensor(targets, dtype=torch.int64), self.device)
             packs.append(compute_logprobs(logits[first:first + count], target_t, k).flatten())
-        return LaunchedStep.start([c.request_id for c in sample_chunks], states, sampled, packs, num_top,
+        return LaunchedStep.start(sample_ids, states, sampled, packs, num_top,
                                   [(rid, count, k) for rid, _, count, _, k in prompt_specs])
 
     def _prompt_logprob_specs(self, chunks, prompt_rows) -> list[tuple[str, int, int, list[int], int]]:
