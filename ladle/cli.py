@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import os
 import signal
 import sys
 from typing import Callable, Optional
@@ -157,7 +158,24 @@ def cmd_serve(argv: list[str]) -> int:
         return run_server(engine_config, server_config)
     except KeyboardInterrupt:
         logger.info("ladle serve: stopped")
-        return 0
+        _exit_now(0)
+        return 0  # not reached
+
+
+def _exit_now(status: int) -> None:
+    """Flush the logs and stdio, then end the process with `status` without the interpreter's exit path. Why: CPython
+    kills itself with SIGINT at exit when it recorded an unhandled KeyboardInterrupt (bpo-1054041), and a signal that
+    lands inside nested interpreter code during an import can record one although `cmd_serve` caught it (seen once
+    in CI: SIGTERM while `ladle.server.api` was importing gave "stopped" in the log, then exit status -2). By then the
+    engine is shut down (serving) or was cleaned up while the exception passed (startup); a core process still
+    starting dies with its parent (ladle/runner/worker.die_with_parent)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def cmd_generate(argv: list[str]) -> int:
