@@ -26,7 +26,7 @@ import signal
 import sys
 from typing import Callable, Optional
 
-from ladle.cli_args import add_config_args, collect_refusals, config_fields, configs_from_args
+from ladle.cli_args import add_config_args, collect_refusals, config_fields, configs_from_args, refuse_serving_flags
 from ladle.config import EngineConfig, ServerConfig, env_flag, format_refusals
 
 logger = logging.getLogger("ladle.cli")
@@ -186,6 +186,10 @@ def cmd_generate(argv: list[str]) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0 = greedy)")
     parser.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     add_config_args(parser, include_server=False)
+    refuse_serving_flags(parser, "a `ladle serve` flag; `ladle generate` prints the answer here and serves no HTTP API",
+                         {"--served-model-name": "`ladle generate` prints the answer here and reports no model name; "
+                          "the name is the one `ladle serve`'s HTTP API answers to (`ladle serve MODEL "
+                          "--served-model-name NAME`)"})
     parser.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL")
     from ladle.core.sampling_params import SamplingParams
 
@@ -222,16 +226,38 @@ def cmd_generate(argv: list[str]) -> int:
     return 0
 
 
+MAKE_CHECKPOINT_HELP = """usage: ladle make-checkpoint {llama,minimax-m3} ...
+
+Write a model directory to serve without downloading weights (tests, benchmarks, sizing runs):
+  llama --from-gguf GGUF --config-only OUT
+      config.json + tokenizer files read from a GGUF file's header, no weights (serve with --load-format dummy)
+  minimax-m3 [--preset P] [--dtype bf16|mxfp8|mxfp4] [--config-only] [--num-layers N] OUT
+      a synthetic MiniMax-M3 checkpoint in the release layout: random weights in sharded safetensors (bf16; mxfp8:
+      every projection; mxfp4: the experts), config.json, generation_config.json and a tokenizer; --config-only
+      writes no weights
+`ladle make-checkpoint FAMILY --help` lists each family's flags."""
+
+
+def _make_checkpoint_help() -> str:
+    """MAKE_CHECKPOINT_HELP plus the minimax-m3 presets (from ladle.tools.checkpoint_m3, when it is there)."""
+    try:
+        presets = importlib.import_module("ladle.tools.checkpoint_m3").preset_summary()
+    except ModuleNotFoundError:
+        return MAKE_CHECKPOINT_HELP
+    return MAKE_CHECKPOINT_HELP + "\n\nminimax-m3 presets:\n" + "\n".join(f"  {line}" for line in presets)
+
+
 def cmd_make_checkpoint(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: ladle make-checkpoint {llama,minimax-m3} ...")
+        print(_make_checkpoint_help())
         return 0 if argv else 2
     family, rest = argv[0], argv[1:]
     if family == "minimax-m3":
         return _lazy("ladle.tools.checkpoint_m3", "main", "`make-checkpoint minimax-m3`")(rest) or 0
     if family != "llama":
         sys.exit(f"ladle make-checkpoint: unknown family {family!r} (choose llama or minimax-m3)")
-    parser = argparse.ArgumentParser(prog="ladle make-checkpoint llama")
+    parser = argparse.ArgumentParser(prog="ladle make-checkpoint llama",
+                                     description="write config.json + tokenizer files read from a GGUF header")
     parser.add_argument("--from-gguf", required=True, metavar="GGUF", help="the GGUF file to read")
     parser.add_argument("--config-only", required=True, metavar="OUT",
                         help="write config.json + tokenizer files (no weights) into this directory")

@@ -29,6 +29,9 @@ from ladle.config import COMPONENTS, EngineConfig, ServerConfig, format_refusals
 # Fields that accept vLLM's human-readable integers (vllm/engine/arg_utils.py: human_readable_ints).
 _HUMAN_READABLE = {"max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"}
 _SERVER = "server"
+# Flags of fields outside ServerConfig that only the HTTP server reads: left out with the server flags.
+SERVING_ONLY_FLAGS = frozenset({"--served-model-name"})
+_REFUSED = "_refused_flags"  # namespace attribute where `_RefusedFlag` leaves its refusals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +121,7 @@ def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True
         if name != canonical and not name.startswith("--"):
             aliases.setdefault(canonical, []).append(name)
     for comp, f in config_fields():
-        if comp == _SERVER and not include_server:
+        if not include_server and _is_serving(comp, f):
             continue
         flag, help_text = f.metadata["flag"], f.metadata["help"]
         default = _default(f)
@@ -141,6 +144,36 @@ def add_config_args(parser: argparse.ArgumentParser, include_server: bool = True
         elif kind == "ints":
             kw.update(type=int, nargs="+", metavar="N")
         parser.add_argument(*names, **kw)
+
+
+def _is_serving(comp: str, f: dataclasses.Field) -> bool:
+    return comp == _SERVER or f.metadata["flag"] in SERVING_ONLY_FLAGS
+
+
+class _RefusedFlag(argparse.Action):
+    """A flag a command parses (its value too; hidden from --help) only to refuse it: each use leaves
+    "FLAG: message" for `collect_refusals`."""
+
+    def __init__(self, option_strings: list[str], dest: str, message: str = "", **kw: Any):
+        super().__init__(option_strings, argparse.SUPPRESS, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
+        self.message = message
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: D401 (argparse's signature)
+        setattr(namespace, _REFUSED, getattr(namespace, _REFUSED, []) + [f"{option_string}: {self.message}"])
+
+
+def refuse_serving_flags(parser: argparse.ArgumentParser, message: str, messages: dict[str, str]) -> None:
+    """For a command built with `add_config_args(include_server=False)`: each serving flag it left out (and the
+    "off" forms of on/off ones) is refused by name with messages.get(flag, message) as a flag refusal (exit 2),
+    instead of vLLM's "not supported yet" or argparse's "unrecognized arguments"."""
+    for comp, f in config_fields():
+        if not _is_serving(comp, f):
+            continue
+        flag = f.metadata["flag"]
+        switch = _base_type(f.type) == "bool"
+        names = [flag, "--no-" + flag[2:], *_negations(flag)] if switch else [flag]
+        parser.add_argument(*dict.fromkeys(names), action=_RefusedFlag, nargs=0 if switch else None,
+                            message=messages.get(flag, message))
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
@@ -296,6 +329,7 @@ def collect_refusals(parser: argparse.ArgumentParser,
     parser.error = _raise_instead_of_exit  # type: ignore[method-assign]
     try:
         args, unknown = parser.parse_known_args(rest)
+        refusals += vars(args).pop(_REFUSED, [])
         if not unknown:
             return refusals, args
         message = f"unrecognized arguments: {' '.join(unknown)}"

@@ -21,9 +21,16 @@ the weight group; BLOCK_N is free (the weight scale is loaded per column). Ragge
 
 Kernel `_fp8_gemm_kernel`: 2-D grid (cdiv(M, BM), cdiv(N, BN)); the tile is chosen from the local M
 (`select_gemm_config`). `fp8_gemm_ref` dequantizes both operands and multiplies in `compute_dtype`.
-For large M on CUDA, `torch._scaled_mm` (cuBLASLt) is a possible alternative; it takes per-tensor or row-wise
-scales only on sm_90, so it would need a different weight scale layout. benchmarks/gpu_quant_suite.py times it with
-row-wise scales as a speed reference (not the same math); today every M runs this kernel.
+
+Prefill path "scaled_mm" (op "fp8_gemm_scaled_mm" in the dispatch record): at M >= SCALED_MM_MIN_TOKENS the same
+math runs as torch._scaled_mm's block-wise (1x128, 1x128) recipe (cuBLASLt VEC128_32F scales, both operands): the
+row-expanded weight scales ARE 1x128 blocks of w_q, so no checkpoint change. cuBLASLt applies the two scales to each
+128-wide K block's fp32 partial product, like this kernel (the two differ by float32 summation order). Layouts
+torch checks (aten ScaledBlas.cpp `is_blockwise_1x128_scaling`): a row-major [M, K] with scale_a [M, K/128] M-major
+(strides (1, M), written so by `act_quant(..., m_major_scale=True)`); b = w_q.t() (column-major [K, N]) with
+scale_b [K/128, N] contiguous (w_scale.t().contiguous(), a per-call copy of N*K/32 bytes). cuBLAS >= 12.9 on sm_90
+only; `scaled_mm_support` tries it once per device (a 128 x 128 x 512 product checked against `fp8_gemm_ref`) and
+its failure reason is what the dispatch record shows. Eligibility: `scaled_mm_ineligible`.
 """
 
 from __future__ import annotations
@@ -34,12 +41,21 @@ from typing import Optional
 import torch
 
 from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_row, tl, triton, triton_ok
-from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP, MX_GROUP, act_quant, dequant_block_fp8
+from ladle.kernels.fp8_quant import (FP8_DTYPE, GROUP, MX_GROUP, act_quant, act_quant_ref, dequant_block_fp8,
+                                     quantize_fp8_rows)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
 OP = "fp8_gemm"
+OP_SCALED_MM = "fp8_gemm_scaled_mm"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 weight [N, K] + [N, K/128] fp32 scales")
+dispatch.register(OP_SCALED_MM, "scaled_mm", "asked for at M >= SCALED_MM_MIN_TOKENS; cuda sm_90 with block-wise "
+                  "torch._scaled_mm (probed once per device); fp32 128-group weight scales (not MXFP8); K % 128 == 0, "
+                  "N % 16 == 0, M % 4 == 0")
+
+# Smallest local M (tokens) that asks for the "scaled_mm" path; below it the Triton kernel runs. Start value of the
+# issue; benchmarks/gpu_fp8_gemm_ab.py measures both paths at M = 128 .. 8192 to place it.
+SCALED_MM_MIN_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -176,17 +192,102 @@ def fp8_gemm_ineligible(x: torch.Tensor, w_q: torch.Tensor) -> Optional[str]:
     return None
 
 
+def fp8_gemm_scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                       out_dtype: torch.dtype) -> torch.Tensor:
+    """The "scaled_mm" path (module doc): a_q [M, K] fp8 row-major, a_scale [M, K/128] float32 M-major (strides
+    (1, M)), w_q [N, K] fp8, w_scale [N, K/128] float32 -> y [M, N] in out_dtype, by torch._scaled_mm's (1x128,
+    1x128) recipe. Checks no eligibility (`scaled_mm_ineligible` does)."""
+    return torch._scaled_mm(a_q, w_q.t(), a_scale, w_scale.t().contiguous(), out_dtype=out_dtype)
+
+
+_SCALED_MM_SUPPORT: dict[int, Optional[str]] = {}  # CUDA device index -> None (works) or why not
+
+
+def scaled_mm_support(device: torch.device) -> Optional[str]:
+    """None when torch._scaled_mm's block-wise recipe runs on `device` (CUDA) and matches `fp8_gemm_ref`, else the
+    reason. Probed once per CUDA device and cached; not while a CUDA graph is being captured (that call answers "not
+    probed yet" and a later eager call probes)."""
+    if device.type != "cuda":
+        return f"device {device.type} (needs cuda)"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SCALED_MM_SUPPORT:
+        if torch.cuda.is_current_stream_capturing():
+            return "scaled_mm support not probed yet (CUDA graph capture)"
+        _SCALED_MM_SUPPORT[index] = _probe_scaled_mm(torch.device("cuda", index))
+    return _SCALED_MM_SUPPORT[index]
+
+
+def _probe_scaled_mm(device: torch.device) -> Optional[str]:
+    """One 128 x 128 x 512 block-scaled product through `fp8_gemm_scaled_mm`, checked against `fp8_gemm_ref`
+    (relative error < 1e-3: the two differ by summation order and the tensor cores' fp8 accumulation inside a K
+    block, ~1e-4 at most); K groups of very different ranges so a misread scale layout shows. Returns None or the reason (the exception's first line, or the error)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return f"sm_{major}{minor}: torch._scaled_mm's block-wise 1x128 recipe (cuBLASLt) runs on sm_90 only"
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(128, 512, device=device, generator=gen) * torch.logspace(-2, 2, 512, device=device)
+    w = torch.randn(128, 512, device=device, generator=gen) * torch.logspace(2, -2, 512, device=device)
+    (a_q, a_s), (w_q, w_s) = act_quant_ref(x, m_major_scale=True), quantize_fp8_rows(w)
+    try:
+        y = fp8_gemm_scaled_mm(a_q, a_s, w_q, w_s, torch.float32)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"torch._scaled_mm block-wise failed: {type(exc).__name__}: {first[:160]}"
+    ref = fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float32)
+    err = ((y - ref).norm() / ref.norm()).item()
+    if not err < 1e-3:  # NaN fails too
+        return f"torch._scaled_mm block-wise differs from fp8_gemm_ref: relative error {err:.1e}"
+    return None
+
+
+def scaled_mm_ineligible(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> Optional[str]:
+    """Eligibility rule of the "scaled_mm" path for x [M, K], w_q [N, K], w_scale: None when it may run, else the
+    reason (one fixed wording per cause, so the dispatch record counts one reason per cause). Format and shape
+    first; the device and its one-time probe (`scaled_mm_support`) last."""
+    (m, k), n = x.shape, w_q.shape[0]
+    if w_scale.dtype != torch.float32:
+        return f"weight scales {w_scale.dtype} (scaled_mm takes float32 128-group scales; MXFP8 runs on Triton)"
+    if w_q.dtype != FP8_DTYPE or w_q.stride(-1) != 1:
+        return f"weight {w_q.dtype} (needs float8_e4m3fn, K contiguous)"
+    if k % GROUP or n % 16:
+        return f"K {k} not a multiple of 128 or N {n} of 16"
+    if m % 4:  # M-major scale_a rows of 16 bytes (cuBLASLt alignment; gpu_fp8_gemm_ab.py checks M % 4 != 0)
+        return "M not a multiple of 4"
+    if w_q.device != x.device:
+        return "x and weight on different devices"
+    return scaled_mm_support(x.device)
+
+
+def _decide_path(x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, use_triton: bool) -> str:
+    """The path of one fp8_linear call, "scaled_mm" | "triton" | "ref", recorded in ladle.observe.dispatch: the path
+    that runs first (op_timing names a timed call after its first decision). "scaled_mm" is asked for (configured)
+    when the fast kernels are (`use_triton`) and M >= SCALED_MM_MIN_TOKENS; its fallback reason is then counted."""
+    m = x2.shape[0]
+    wanted = use_triton and m >= SCALED_MM_MIN_TOKENS
+    reason = scaled_mm_ineligible(x2, w_q, w_scale) if wanted else None
+    if wanted and reason is None:
+        dispatch.decide(OP_SCALED_MM, dispatch.tokens_bucket(m), configured=True, ineligible_reason=None)
+        return "scaled_mm"
+    fast = decide_triton(OP, m, use_triton, fp8_gemm_ineligible(x2, w_q))
+    if wanted:
+        dispatch.decide(OP_SCALED_MM, dispatch.tokens_bucket(m), configured=True, ineligible_reason=reason)
+    return "triton" if fast else "ref"
+
+
 @timed_op
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
                *, use_triton: bool) -> torch.Tensor:
     """y = x W^T (+ b) with W block-FP8: x [..., K] float -> activations quantized per token per 128-group
-    (op "fp8_act_quant"), then the w8a8 GEMM (op "fp8_gemm", bucket = M). Returns [..., N] in x.dtype.
-    Both paths quantize the activations identically, so they differ only by float32 summation order."""
+    (op "fp8_act_quant"), then the w8a8 GEMM: op "fp8_gemm_scaled_mm" at prefill sizes where eligible, else op
+    "fp8_gemm" (bucket = M). Returns [..., N] in x.dtype. Every path quantizes the activations identically, so they
+    differ only by float32 summation order."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    fast = decide_triton(OP, x2.shape[0], use_triton, fp8_gemm_ineligible(x2, w_q))
-    a_q, a_scale = act_quant(x2.contiguous(), use_triton=fast)
-    if fast:
+    path = _decide_path(x2, w_q, w_scale, use_triton)
+    a_q, a_scale = act_quant(x2.contiguous(), use_triton=path != "ref", m_major_scale=path == "scaled_mm")
+    if path == "scaled_mm":
+        y = fp8_gemm_scaled_mm(a_q, a_scale, w_q, w_scale, x.dtype)
+    elif path == "triton":
         y = fp8_gemm_triton(a_q, a_scale, w_q, w_scale, x.dtype)
     else:
         y = fp8_gemm_ref(a_q, a_scale, w_q, w_scale, x.dtype)

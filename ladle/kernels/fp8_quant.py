@@ -11,6 +11,8 @@ Formats (design/kernels_and_limits.md §1.2, §5; design/minimax_m3.md §2.2):
 
 Op "fp8_act_quant": `_act_quant_kernel` one program per (token, ACT_QUANT_GROUPS_PER_PROGRAM groups);
 `act_quant_ref` is the torch reference with the same rounding points (fp32 amax, fp32 division, round-to-nearest cast), so both give identical bytes.
+Scale layout: a_scale is row-major (strides (G, 1)) by default; `m_major_scale=True` writes the same values M-major
+(strides (1, M), "outer-dim-major"), the layout torch._scaled_mm's block-wise 1x128 recipe reads (fp8_gemm.py).
 """
 
 from __future__ import annotations
@@ -136,10 +138,12 @@ def quantize_fp8_rows(w: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP)) 
     return q, scale.repeat_interleave(block[0], dim=0)[: w.shape[0]].contiguous()
 
 
-def act_quant_ref(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+def act_quant_ref(x: torch.Tensor, group: int = GROUP,
+                  m_major_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] float -> (a_q [M, K] float8_e4m3fn, a_scale [M, ceil(K/group)] float32) (module doc): the block
-    quantizer with 1 x group blocks."""
-    return quantize_block_fp8(x, (1, group))
+    quantizer with 1 x group blocks; a_scale M-major (strides (1, M)) when `m_major_scale`."""
+    q, s = quantize_block_fp8(x, (1, group))
+    return q, (s.t().contiguous().t() if m_major_scale else s)
 
 
 # Groups per program of `_act_quant_kernel` (power of 2): 8 x 128 elements, so a program moves 2 KiB of bf16 in
@@ -149,10 +153,10 @@ ACT_QUANT_GROUPS_PER_PROGRAM = 8
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, num_groups, eps, fp8_max,
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_sm, stride_sg, num_groups, eps, fp8_max,
                       GROUP_K: tl.constexpr, BLOCK_G: tl.constexpr):
     """Program (row, chunk): groups chunk * BLOCK_G .. + BLOCK_G - 1 of one row as a [BLOCK_G, GROUP_K] tile; each
-    group's amax, scale and quantized values as `act_quant_ref`."""
+    group's amax, scale and quantized values as `act_quant_ref`. Scale (row, g) at row * stride_sm + g * stride_sg."""
     row = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)  # [BLOCK_G]
     offs = grp[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [BLOCK_G, GROUP_K]
@@ -161,31 +165,37 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, num_groups, eps, fp8_ma
     scale = tl.maximum(tl.max(tl.abs(x), axis=1), eps) / fp8_max  # [BLOCK_G]
     q = tl.minimum(tl.maximum(x / scale[:, None], -fp8_max), fp8_max)
     tl.store(q_ptr + row * K + offs, q.to(q_ptr.dtype.element_ty), mask=ok)  # fp32 buffer under the interpreter
-    tl.store(s_ptr + row * num_groups + grp, scale, mask=grp < num_groups)
+    tl.store(s_ptr + row * stride_sm + grp * stride_sg, scale, mask=grp < num_groups)
 
 
-def act_quant_triton(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher of `act_quant_ref` (same outputs, byte for byte). x [M, K], unit stride on K."""
+def act_quant_triton(x: torch.Tensor, group: int = GROUP,
+                     m_major_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton launcher of `act_quant_ref` (same outputs and scale layout, byte for byte). x [M, K], unit stride on
+    K."""
     assert x.dim() == 2 and x.stride(1) == 1, f"x must be [M, K] with contiguous rows, got {tuple(x.shape)}"
     m, k = x.shape
     g = triton.cdiv(k, group)
     # The interpreter's fp32 -> fp8 cast drops the carry when rounding crosses a binade (124.3 -> 64, not 128), so
     # under it the kernel stores the scaled fp32 values and torch casts them; on CUDA the kernel casts itself.
     q = torch.empty((m, k), dtype=torch.float32 if interpreting() else FP8_DTYPE, device=x.device)
-    s = torch.empty((m, g), dtype=torch.float32, device=x.device)
+    if m_major_scale:
+        s = torch.empty((g, m), dtype=torch.float32, device=x.device).t()  # [M, G], strides (1, M)
+    else:
+        s = torch.empty((m, g), dtype=torch.float32, device=x.device)
     if m:
         block_g = min(ACT_QUANT_GROUPS_PER_PROGRAM, triton.next_power_of_2(g))
-        _act_quant_kernel[(m, triton.cdiv(g, block_g))](x, q, s, k, x.stride(0), g, SCALE_EPS, FP8_MAX,
-                                                        GROUP_K=group, BLOCK_G=block_g)
+        _act_quant_kernel[(m, triton.cdiv(g, block_g))](x, q, s, k, x.stride(0), s.stride(0), s.stride(1), g,
+                                                        SCALE_EPS, FP8_MAX, GROUP_K=group, BLOCK_G=block_g)
     return q.to(FP8_DTYPE), s
 
 
 @timed_op
-def act_quant(x: torch.Tensor, *, use_triton: bool, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatching entry point (records op "fp8_act_quant", bucket = tokens)."""
+def act_quant(x: torch.Tensor, *, use_triton: bool, group: int = GROUP,
+              m_major_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatching entry point (records op "fp8_act_quant", bucket = tokens); `m_major_scale`: module doc."""
     reason: Optional[str] = triton_ok(x)
     if reason is None and x.stride(-1) != 1:
         reason = "x rows not contiguous"
     if decide_triton(OP, x.shape[0], use_triton, reason):
-        return act_quant_triton(x, group)
-    return act_quant_ref(x, group)
+        return act_quant_triton(x, group, m_major_scale)
+    return act_quant_ref(x, group, m_major_scale)

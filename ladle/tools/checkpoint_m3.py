@@ -40,6 +40,8 @@ from ladle.kernels.fp8_quant import quantize_mxfp4, quantize_mxfp8
 from ladle.tools.minimax_m3_tokenizer import write_tokenizer
 
 SHARD_BYTES = {"tiny": 300_000, "small": 200 << 20, "tp4-rank": 4 << 30}
+PRESET_USE = {"tiny": "CPU tests", "small": "quick GPU runs",
+              "tp4-rank": "one tensor-parallel rank of the released model, TP4; the one-GPU proxy"}
 
 
 def _sparse_cfg(n: int, n_dense: int, heads: int, dim: int, block: int, topk: int) -> dict:
@@ -73,6 +75,16 @@ def text_config(preset: str) -> dict:
         "num_mtp_modules": 0, "sparse_attention_config": _sparse_cfg(n, n_dense, nkv, hd, block, topk),
         "bos_token_id": bos, "eos_token_id": eos,
     }
+
+
+def preset_summary() -> list[str]:
+    """One line per preset (name, layers, hidden size, experts, what it is for), for the commands' --help."""
+    lines = []
+    for name, use in PRESET_USE.items():
+        tc = text_config(name)
+        lines.append(f"{name}: {tc['num_hidden_layers']} layers, hidden {tc['hidden_size']}, "
+                     f"{tc['num_local_experts']} experts ({use})")
+    return lines
 
 
 def _plan_overrides(tc: dict, num_layers: int) -> dict:
@@ -258,8 +270,9 @@ def make_checkpoint(out: str, preset: str = "tiny", dtype: str = "bf16", config_
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ladle make-checkpoint minimax-m3",
-                                 description="write a synthetic MiniMax-M3 checkpoint in the release layout")
-    ap.add_argument("--preset", choices=sorted(SHARD_BYTES), default="tiny")
+                                 description="write a synthetic MiniMax-M3 checkpoint in the release layout",
+                                 epilog="presets: " + "; ".join(preset_summary()))
+    ap.add_argument("--preset", choices=sorted(SHARD_BYTES), default="tiny", help="model shapes (below; default: tiny)")
     ap.add_argument("--dtype", choices=["bf16", "mxfp8", "mxfp4"], default="bf16")
     ap.add_argument("--config-only", action="store_true", help="config + tokenizer only (for --load-format dummy)")
     ap.add_argument("--seed", type=int, default=0)

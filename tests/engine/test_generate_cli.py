@@ -44,6 +44,18 @@ def test_bad_sampling_values_are_refused_before_loading(tiny_m3_dir, started, ca
     assert "temperature must be non-negative" in err and "--max-model-len must be positive" in err
 
 
+def test_serving_flags_are_refused_by_name_before_loading(tiny_m3_dir, started, capsys):
+    """--served-model-name was accepted and ignored (generate prints the text; no API reports a name); it and the
+    other `ladle serve` flags are flag refusals (exit 2) naming `ladle serve`, in one message."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", "hello", tiny_m3_dir, *ENGINE, "--served-model-name=m3", "--port", "9000"])
+    assert exit_.value.code == 2 and started == []
+    err = capsys.readouterr().err
+    assert "--served-model-name: `ladle generate` prints the answer here and reports no model name" in err
+    assert "`ladle serve MODEL --served-model-name NAME`" in err
+    assert "--port: a `ladle serve` flag; `ladle generate` prints the answer here and serves no HTTP API" in err
+
+
 def test_refused_prompt_is_a_message_not_a_traceback(tiny_m3_dir, started, capsys):
     assert cli.main(["generate", "hello " * 40, tiny_m3_dir, *ENGINE, "--max-model-len", "16"]) == 1
     err = capsys.readouterr().err

@@ -144,8 +144,19 @@ def test_busy_port_fails_before_loading_the_model(tmp_path):
         r.stderr
 
 
+def test_make_checkpoint_help_says_what_it_writes(capsys):
+    from ladle import cli
+    from ladle.tools.checkpoint_m3 import PRESET_USE
+
+    assert cli.main(["make-checkpoint", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--from-gguf GGUF --config-only OUT" in out and "synthetic MiniMax-M3 checkpoint" in out
+    for preset in PRESET_USE:
+        assert f"  {preset}: " in out and "layers, hidden" in out
+
+
 def test_generate_help_has_no_server_flags():
     r = _run("generate", "--help")
     assert r.returncode == 0 and "--max-model-len" in r.stdout
-    assert "--port" not in r.stdout and "--api-key" not in r.stdout
+    assert "--port" not in r.stdout and "--api-key" not in r.stdout and "--served-model-name" not in r.stdout
     assert "(default: the model's) (default: None)" not in _run("serve", "--help").stdout

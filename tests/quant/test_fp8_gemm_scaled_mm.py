@@ -1,0 +1,121 @@
+"""The "scaled_mm" prefill path of the FP8 dense GEMM (ladle/kernels/fp8_gemm.py): its eligibility rule, the
+M-major activation scales it reads, the dispatch record, and (GPU) torch._scaled_mm's block-wise recipe against
+`fp8_gemm_ref`.
+
+torch's CPU _scaled_mm has no block-wise recipe (torch 2.13: "Invalid scaling configuration"), so the CPU tests run
+the path's wiring against a stand-in `_scaled_mm_emulated` that asserts the layouts torch's CUDA op checks (aten
+ScaledBlas.cpp `is_blockwise_1x128_scaling` and the sm_90 TN rule) and computes the dequantized product; the GPU
+test runs the real op. Error budgets: on the CPU the path and the float64 reference see the same fp8 bytes, so they
+differ by float32 rounding (< 1e-5); on the H200 the tensor cores accumulate fp8 products inside a 128-wide K block
+at reduced precision (the Triton kernel does too), and a bf16 output rounds at 2^-9: < 1e-3 in float32 output, < 1e-2
+in bf16 (the Triton kernel's GPU bound in test_fp8_kernels.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladle.kernels import fp8_gemm
+from ladle.kernels.fp8_gemm import (fp8_gemm_ref, fp8_gemm_scaled_mm, fp8_linear, scaled_mm_ineligible,
+                                    scaled_mm_support)
+from ladle.kernels.fp8_quant import (act_quant_ref, act_quant_triton, dequant_block_fp8, quantize_fp8_rows,
+                                     quantize_mxfp8)
+from ladle.observe import dispatch
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _scaled_mm_emulated(a, b, scale_a, scale_b, out_dtype):
+    """torch._scaled_mm's (BlockWise1x128, BlockWise1x128) recipe as the CUDA op checks it: a [M, K] row-major,
+    b [K, N] column-major, scale_a [M, G] strides (1, M), scale_b [G, N] whose transpose has strides (1, N)."""
+    (m, k), n = a.shape, b.shape[1]
+    g = -(-k // 128)
+    assert a.stride(1) == 1 and b.stride(0) == 1, "sm_90 multiplies row-major a by column-major b only"
+    assert scale_a.dtype == scale_b.dtype == torch.float32
+    assert scale_a.shape == (m, g) and scale_a.stride() == (1, m), (scale_a.shape, scale_a.stride())
+    assert scale_b.shape == (g, n) and scale_b.t().stride() == (1, n), (scale_b.shape, scale_b.stride())
+    a_f = dequant_block_fp8(a, scale_a, torch.float64)
+    b_f = dequant_block_fp8(b.t(), scale_b.t(), torch.float64)
+    return (a_f @ b_f.T).to(out_dtype)
+
+
+@pytest.fixture
+def emulated_scaled_mm(monkeypatch):
+    """The path runs on the CPU: the device probe says yes, torch._scaled_mm is the stand-in (calls counted) and the
+    threshold is 8 tokens."""
+    calls = []
+    monkeypatch.setattr(fp8_gemm, "scaled_mm_support", lambda device: None)
+    monkeypatch.setattr(fp8_gemm, "SCALED_MM_MIN_TOKENS", 8)
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **kw: calls.append(1) or _scaled_mm_emulated(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("quant", [act_quant_ref, act_quant_triton], ids=["ref", "triton"])
+def test_act_quant_m_major_scale_same_bytes(quant):
+    """m_major_scale writes the same scales with strides (1, M) (the layout _scaled_mm reads); the values match."""
+    x = torch.randn(6, 300) * torch.logspace(-3, 2, 300)
+    q, s = quant(x)
+    q2, s2 = quant(x, m_major_scale=True)
+    assert s2.shape == (6, 3) and s2.stride() == (1, 6) and s.stride() == (3, 1)
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+
+
+def test_scaled_mm_rule_reasons():
+    """Format and shape reasons on the CPU, then the device: MXFP8 scales, K off the 128 grid, M % 4, CPU."""
+    x = torch.randn(8, 256)
+    w_q, w_s = quantize_fp8_rows(torch.randn(32, 256))
+    assert "MXFP8" in scaled_mm_ineligible(x, *quantize_mxfp8(torch.randn(32, 256)))
+    assert scaled_mm_ineligible(torch.randn(8, 200), *quantize_fp8_rows(torch.randn(32, 200))).startswith("K 200")
+    assert scaled_mm_ineligible(x[:6], w_q, w_s) == "M not a multiple of 4"
+    assert scaled_mm_ineligible(x, w_q, w_s) == "device cpu (needs cuda)" == scaled_mm_support(x.device)
+
+
+def test_fp8_linear_scaled_mm_path_layout_and_record(emulated_scaled_mm):
+    """At M >= the threshold the path quantizes with M-major scales and calls _scaled_mm with the layouts torch
+    checks; the record names op fp8_gemm_scaled_mm as executed and leaves op fp8_gemm out of that call."""
+    dispatch.reset()
+    x, w, b = torch.randn(2, 6, 256) * torch.logspace(-2, 1, 256), torch.randn(48, 256), torch.randn(48)
+    w_q, w_s = quantize_fp8_rows(w)
+    fast = fp8_linear(x, w_q, w_s, b, use_triton=True)
+    slow = fp8_linear(x, w_q, w_s, b, use_triton=False)
+    assert emulated_scaled_mm == [1]
+    assert fast.shape == (2, 6, 48) and _rel(fast, slow) < 1e-5
+    ops = dispatch.snapshot()["ops"]
+    assert ops["fp8_gemm_scaled_mm"]["path"] == "scaled_mm"
+    assert ops["fp8_gemm_scaled_mm"]["buckets"]["T<=16"] == {"configured": 1, "eligible": 1, "executed": 1, "calls": 1}
+    assert ops["fp8_gemm"]["buckets"]["T<=16"] == {"configured": 0, "eligible": 1, "executed": 0, "calls": 1}
+
+
+def test_fp8_linear_scaled_mm_fallback_reason_recorded(emulated_scaled_mm, monkeypatch):
+    """A failed device probe sends the call to the Triton kernel and is counted as the path's fallback reason;
+    below the threshold the path is not asked for (nothing recorded for it)."""
+    monkeypatch.setattr(fp8_gemm, "scaled_mm_support", lambda device: "probe failed: no block-wise recipe")
+    dispatch.reset()
+    w_q, w_s = quantize_fp8_rows(torch.randn(32, 128))
+    y = fp8_linear(torch.randn(12, 128), w_q, w_s, use_triton=True)
+    fp8_linear(torch.randn(4, 128), w_q, w_s, use_triton=True)
+    assert emulated_scaled_mm == [] and y.shape == (12, 32)
+    ops = dispatch.snapshot()["ops"]
+    assert ops["fp8_gemm_scaled_mm"]["fallback_reasons"] == {"probe failed: no block-wise recipe": 1}
+    assert list(ops["fp8_gemm_scaled_mm"]["buckets"]) == ["T<=16"]
+    assert ops["fp8_gemm"]["buckets"]["T<=16"]["executed"] == 1 and ops["fp8_gemm"]["buckets"]["T<=4"]["executed"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1024, 2052])
+def test_scaled_mm_gpu_against_reference(m):
+    """H200: the device probe passes; TP4-rank M3 shapes (qkv 6144 -> 2688, o_proj 2048 -> 6144) and a K of 3
+    groups (not a multiple of 4 groups) against the float64 reference; fp8_linear runs the path in bf16."""
+    assert scaled_mm_support(torch.device("cuda")) is None
+    for n, k in ((2688, 6144), (6144, 2048), (256, 384)):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w_q, w_s = quantize_fp8_rows(torch.randn(n, k, device="cuda") / k ** 0.5)
+        a_q, a_s = act_quant_triton(x, m_major_scale=True)
+        ref = fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64)
+        assert _rel(fp8_gemm_scaled_mm(a_q, a_s, w_q, w_s, torch.float32), ref) < 1e-3
+        dispatch.reset()
+        assert _rel(fp8_linear(x, w_q, w_s, use_triton=True), ref) < 1e-2
+        assert dispatch.snapshot()["ops"]["fp8_gemm_scaled_mm"]["buckets"][dispatch.tokens_bucket(m)]["executed"] == 1
