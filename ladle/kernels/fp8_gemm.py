@@ -19,8 +19,11 @@ Math (block-wise mode of kernels_and_limits.md §1.2): for each K step kb of the
 in float32, so every K step is promoted out of the fp8 MMA accumulator (DeepSeek-V3 §3.3.2). BLOCK_K is therefore
 the weight group; BLOCK_N is free (the weight scale is loaded per column). Ragged M, N, K are masked.
 
-Kernel `_fp8_gemm_kernel`: 2-D grid (cdiv(M, BM), cdiv(N, BN)); the tile is chosen from the local M
-(`select_gemm_config`). `fp8_gemm_ref` dequantizes both operands and multiplies in `compute_dtype`.
+Kernel `_fp8_gemm_kernel`: grid (cdiv(M, BM), cdiv(N, BN), split_k); the tile is chosen from the local M
+(`select_gemm_config`). At decode sizes the K groups are split over `split_k` programs per tile
+(`default_split_k`: too few tiles to keep the weight stream in flight otherwise); each writes an fp32 partial and
+the last to arrive sums the partials in split order (deterministic) and writes y (counters: split_counters.py).
+`fp8_gemm_ref` dequantizes both operands and multiplies in `compute_dtype`.
 
 Prefill path "scaled_mm" (op "fp8_gemm_scaled_mm" in the dispatch record): at M >= SCALED_MM_MIN_TOKENS the same
 math runs as torch._scaled_mm's block-wise (1x128, 1x128) recipe (cuBLASLt VEC128_32F scales, both operands): the
@@ -40,9 +43,11 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_row, tl, triton, triton_ok
+from ladle.kernels._common import (MAX_TOKENS, decide_triton, interpreting, num_sms, tile_row, tl, triton,
+                                   triton_ok)
 from ladle.kernels.fp8_quant import (FP8_DTYPE, GROUP, MX_GROUP, act_quant, act_quant_ref, dequant_block_fp8,
                                      quantize_fp8_rows)
+from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -114,23 +119,27 @@ def fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT: tl.constexpr):
 
 @triton.jit
 def _fp8_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, num_kb, num_akb,
+    a_ptr, as_ptr, w_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, num_kb, num_akb,
     stride_am, stride_wn, stride_ym,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
+    SPLIT_K: tl.constexpr, KB_PER_SPLIT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    split = tl.program_id(2)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
     m_ok = offs_m < M
     n_ok = offs_n < N
     offs_k = tl.arange(0, BK)
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN] view of [N, K]
+    kb_lo = split * KB_PER_SPLIT
+    kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, num_kb)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + kb_lo * BK + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + kb_lo * BK + offs_k[:, None]  # [BK, BN] view of [N, K]
     as_ptrs = as_ptr + offs_m.to(tl.int64) * num_akb
     ws_ptrs = ws_ptr + offs_n.to(tl.int64) * num_kb
     acc = tl.zeros([BM, BN], tl.float32)
-    for kb in range(0, num_kb):
+    for kb in range(kb_lo, kb_hi):
         k_ok = offs_k + kb * BK < K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
@@ -139,14 +148,54 @@ def _fp8_gemm_kernel(
         acc = fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT)
         a_ptrs += BK
         w_ptrs += BK
+    mn_ok = m_ok[:, None] & n_ok[None, :]
     y = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    if SPLIT_K == 1:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mn_ok)
+    else:
+        # partials [SPLIT_K, M, N] fp32; the last of the SPLIT_K programs of this (m, n) tile sums them in split
+        # order (deterministic whatever the arrival order) and writes y (counter protocol: split_counters.py)
+        tile = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(part_ptr + split.to(tl.int64) * M * N + tile, acc, mask=mn_ok)
+        cnt = cnt_ptr + pid_m * tl.num_programs(1) + pid_n
+        if arrive(cnt, SPLIT_K):
+            tl.debug_barrier()
+            total = tl.zeros([BM, BN], tl.float32)
+            for s in range(0, SPLIT_K):
+                total += tl.load(part_ptr + s * M * N + tile, mask=mn_ok, other=0.0, cache_modifier=".cg")
+            tl.store(y, total.to(y_ptr.dtype.element_ty), mask=mn_ok)
+            release(cnt)
+
+
+# Split-K at decode sizes (M <= SPLIT_K_MAX_M): a decode GEMM has too few (M, N) tiles to keep enough weight bytes in
+# flight per SM (latency-bound: each tile walks all K groups in sequence), so its K groups are split over
+# programs until there are about SPLIT_K_CTAS_PER_SM programs per SM, each keeping >= SPLIT_K_MIN_STEPS K steps.
+SPLIT_K_MAX_M = 64
+SPLIT_K_CTAS_PER_SM = 4
+SPLIT_K_MIN_STEPS = 4
+SPLIT_K_MAX = 8
+COUNTER_KEY = OP
+
+
+def default_split_k(m: int, n: int, num_kb: int, cfg: GemmTileConfig, device: torch.device) -> int:
+    """Splits of the K groups from shape constants only (CUDA-graph safe): 1 above SPLIT_K_MAX_M, else the largest
+    power of two <= SPLIT_K_CTAS_PER_SM * SMs / tiles, at most SPLIT_K_MAX and num_kb / SPLIT_K_MIN_STEPS."""
+    if m > SPLIT_K_MAX_M:
+        return 1
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    want = max(1, SPLIT_K_CTAS_PER_SM * num_sms(device) // tiles)
+    cap = max(1, min(SPLIT_K_MAX, num_kb // SPLIT_K_MIN_STEPS))
+    return 1 << (min(want, cap).bit_length() - 1)
 
 
 def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                    out_dtype: torch.dtype, config: Optional[GemmTileConfig] = None) -> torch.Tensor:
+                    out_dtype: torch.dtype, config: Optional[GemmTileConfig] = None,
+                    split_k: Optional[int] = None) -> torch.Tensor:
     """a_q [M, K] fp8, a_scale [M, ceil(K/128)] fp32, w_q [N, K] fp8, w_scale [N, ceil(K/128)] fp32
-    -> y [M, N] in out_dtype. No host sync; grid from shapes only."""
+    -> y [M, N] in out_dtype. No host sync; grid from shapes only. split_k: programs per (M, N) tile over the K
+    groups (None: `default_split_k`); with split_k > 1 the partials go to fp32 scratch and the last program of each
+    tile sums them in split order, using (and leaving zero) the counters `split_counters("fp8_gemm", ...)` (the
+    first call at a larger tile count must be eager: it may allocate)."""
     m, k = a_q.shape
     n, kw = w_q.shape
     w_group = weight_group(w_scale)
@@ -160,10 +209,19 @@ def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
         return y
     e8m0 = w_scale.dtype == torch.uint8
     cfg = config or select_gemm_config(m, "mxfp8" if e8m0 else "fp8")
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
-    _fp8_gemm_kernel[grid](a_q, a_scale, w_q, w_scale, y, m, n, k, num_kb, a_scale.shape[1], a_q.stride(0),
-                           w_q.stride(0), y.stride(0), BM=cfg.block_m, BN=cfg.block_n, BK=w_group,
-                           E8M0=e8m0, F32_DOT=interpreting(),
+    if split_k is None:
+        split_k = default_split_k(m, n, num_kb, cfg, a_q.device)
+    assert split_k >= 1 and split_k & (split_k - 1) == 0, f"split_k {split_k}: a power of two"
+    per = triton.cdiv(num_kb, split_k)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split_k)
+    if split_k > 1:
+        part = torch.empty((split_k, m, n), dtype=torch.float32, device=a_q.device)
+        counters = split_counters(COUNTER_KEY, a_q.device, grid[0] * grid[1])
+    else:
+        part = counters = y  # unused
+    _fp8_gemm_kernel[grid](a_q, a_scale, w_q, w_scale, y, part, counters, m, n, k, num_kb, a_scale.shape[1],
+                           a_q.stride(0), w_q.stride(0), y.stride(0), BM=cfg.block_m, BN=cfg.block_n, BK=w_group,
+                           E8M0=e8m0, F32_DOT=interpreting(), SPLIT_K=split_k, KB_PER_SPLIT=per,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 

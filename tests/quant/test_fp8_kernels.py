@@ -80,6 +80,38 @@ def test_mxfp8_gemm_as_released_against_float64(m, n, k):
     assert _rel(y, x.double() @ w.double().T) < 0.08
 
 
+@pytest.mark.parametrize("m,n,k,split_k,quantize", [(3, 130, 1000, 2, quantize_fp8_rows),
+                                                     (17, 72, 1100, 8, quantize_fp8_rows),
+                                                     (5, 40, 544, 4, quantize_mxfp8)])
+def test_fp8_gemm_split_k_against_float64(m, n, k, split_k, quantize):
+    """Split-K (decode sizes): K groups over split_k programs per tile, the last arriving one sums the fp32 partials
+    in split order. Ragged M, N, K; 1000 = 8 groups over 2; 1100 = 9 groups over 8 (splits of 2: the last ones
+    empty); MXFP8's 32-groups (544 = 17 groups over 4, the last split short). Same error budget as without splits
+    (float32 summation order); a second call gives the same bits (fixed order); the counters are back to zero."""
+    from ladle.kernels.split_counters import split_counters
+
+    x, w = torch.randn(m, k), torch.randn(n, k) * torch.logspace(-1, 1, k) / k ** 0.5
+    a_q, a_s = act_quant_ref(x)
+    w_q, w_s = quantize(w)
+    cfg = GemmTileConfig(16, 32, 4, 2)
+    y = fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32, config=cfg, split_k=split_k)
+    assert _rel(y, fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64)) < 1e-5
+    assert _rel(y, x.double() @ w.double().T) < 0.08
+    assert torch.equal(fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32, config=cfg, split_k=split_k), y)
+    assert int(split_counters("fp8_gemm", torch.device("cpu"), 1).abs().sum()) == 0
+
+
+def test_fp8_gemm_default_split_k_rule():
+    """Split only at decode sizes, from shape constants: a power of two, <= 8, >= 4 K groups per split."""
+    from ladle.kernels.fp8_gemm import SPLIT_K_MAX_M, default_split_k
+
+    cpu, cfg = torch.device("cpu"), GemmTileConfig(16, 32, 4, 4)  # the interpreter counts 4 SMs
+    assert default_split_k(SPLIT_K_MAX_M + 1, 64, 48, cfg, cpu) == 1
+    assert default_split_k(1, 32, 48, cfg, cpu) == 8  # 1 tile on 4 "SMs": 16 wanted, capped at 8
+    assert default_split_k(1, 32, 12, cfg, cpu) == 2  # 12 groups: at most 3 splits of >= 4 -> 2
+    assert default_split_k(32, 32 * 16, 48, cfg, cpu) == 1  # 32 tiles >= 4 per SM already
+
+
 def test_fp8_linear_dispatch_record_and_bias():
     dispatch.reset()
     x, w, b = torch.randn(2, 5, 160), torch.randn(48, 160), torch.randn(48)

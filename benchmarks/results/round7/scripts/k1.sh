@@ -4,7 +4,7 @@
 # torch reference in the same run; GPU tests of the touched kernels; then the FP8 60-layer proxy's kernel profiles.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD
-for s in ${AB:-msa_sparse fp8_gemm moe_router fp8_moe_prefill}; do
+for s in ${AB:-msa_sparse fp8_gemm fp8_gemm_decode moe_router fp8_moe_prefill}; do
   timeout ${AB_S:-110} python3 benchmarks/gpu_${s}_ab.py --out $OUT/${s}_ab.json > $OUT/${s}_ab.log 2>&1
   echo "== $s ab rc=$?"; tail -${AB_TAIL:-22} $OUT/${s}_ab.log | cut -c1-200
 done
