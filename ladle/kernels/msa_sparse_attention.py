@@ -221,6 +221,7 @@ def _sparse_attn_tile_kernel(
     valid_f = (sel_f >= 0) & (req_f >= 0)
     key_f = tl.where(valid_f, req_f * max_blocks + sel_f, NO_KEY)
     page_f = tl.load(bt_ptr + req_f * stride_bt + sel_f, mask=valid_f, other=0).to(tl.int64)
+    page_key_f = (page_f << 32) | key_f.to(tl.int64)  # one reduction per iteration fetches both
     earlier = (key_f[:, None] == key_f[None, :]) & (idx[None, :] < idx[:, None])  # [N, N]
     first = valid_f & (tl.max(earlier.to(tl.int32), axis=1) == 0)
     rank = tl.cumsum(first.to(tl.int32), axis=0) - 1
@@ -243,10 +244,11 @@ def _sparse_attn_tile_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for u in range(0, n_union):
-        pick = first & (rank == u)  # one element: no loop-carried state, so the loads below can be prefetched
-        key_u = tl.sum(tl.where(pick, key_f, 0), axis=0)
-        b = tl.sum(tl.where(pick, sel_f, 0), axis=0)
-        page = tl.sum(tl.where(pick, page_f, 0), axis=0)
+        # the unique key of rank u: no loop-carried state, so the pipeliner prefetches the K/V tiles
+        page_key = tl.sum(tl.where(first & (rank == u), page_key_f, 0), axis=0)
+        page = page_key >> 32
+        key_u = (page_key & 0x7FFFFFFF).to(tl.int32)
+        b = key_u % max_blocks
         kt = tl.load(k_ptr + page * stride_kb + kv_off).to(q.dtype)  # FP8 cache: raw values (exact cast)
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
