@@ -5,7 +5,7 @@ to the keys j with j // block_size in Sel(g, t) and j <= positions[t], softmax(q
 sum p_j v_j. `selected_block_ids [Hkv, T, topk] int32` holds logical block ids, valid entries left-packed, -1 after
 (ARCHITECTURE.md); the order of the valid entries does not matter here. Rows with no valid entry (padding) give 0.
 
-Kernel (query-major, vLLM `minimax_m3/common/ops/sparse_attn.py` style, written from the description in
+Per-token kernel (query-major, vLLM `minimax_m3/common/ops/sparse_attn.py` style, written from the description in
 design/kernels_and_limits.md §3.2): grid (T, Hkv, NUM_SPLITS). One program loads the G = Hq/Hkv query heads of its
 group as the MMA M dimension (padded to >= 16), walks its share of the selected slots (split s takes slots
 [s*per, (s+1)*per)), maps each logical block through block_table to a page, loads the [block_size, D] K and V
@@ -22,6 +22,27 @@ default the module flag FUSED_MERGE = True):
     after every launch (zeroed once at allocation, then kept zero by the last programs; never re-zeroed by a host
     op, so CUDA-graph replays need nothing extra). See ladle/kernels/split_counters.py.
   * two-launch: `_merge_kernel`, grid (T, Hq), as a second launch.
+
+Query-tile kernel (prefill; `_sparse_attn_tile_kernel`, grid (cdiv(T, TQ), Hkv), no split-K). The per-token
+kernel runs M = G = 16 MMAs (mma.sync, no wgmma at this M) and re-reads every K/V tile from L2 once per token: an
+8K-token FP8 prefill of one TP4 rank spends 92.9 ms over 57 layers in it, 1.63 ms per layer call, about 8x its FLOP
+roofline (benchmarks/results/round6/proxy60_fp8_profile.log). The tile kernel takes TQ consecutive tokens per
+program, rows = TQ x G (row i: token t0 + i // G, head g*G + i % G; TQ = 4 at G = 16 gives M = 64, a wgmma tile),
+and walks the UNION of the tile's selected keys once, so tokens that share blocks (neighbours mostly do) share
+each K/V tile load and MMA. Keys are (request, logical block) pairs, key = r_t * max_blocks + block, so a tile may
+straddle requests (mixed batches, chunked prefill). The [TQ * TOPK] keys are loaded once; a [N, N] compare marks
+first occurrences, tl.cumsum ranks them, n_union counts them; iteration u picks the key of rank u (and its page,
+looked up before the loop) by one masked reduction, so there is no loop-carried state and the K/V tile loads are
+cp.async-pipelined (sm_90 compile: wgmma for both dots). Rows whose token did not select key u get s = -inf
+(tested against the keys loaded a second time in a [rows, TOPK] layout), plus the causal limit j <= positions[t];
+the online softmax, FP8 cast-on-load and scale folding are the per-token kernel's, and an all -inf row stays exact
+(m_safe). Out-of-range tokens, positions < 0, tokens outside every request and rows with no selection give 0.
+
+Choice (`launch_plan`, shape constants only, so CUDA graphs replay): the tile kernel with TILE_TOKENS tokens when
+num_splits == 1 and T >= TILE_TOKENS * B (about TILE_TOKENS or more tokens per request: prefill and mixed
+prefill/decode batches), else the per-token kernel (decode keeps its split-K path). The launcher argument
+`query_tile` forces one (None auto, 0 per-token, TQ tile). The dispatch bucket ends in " tile<TQ>" or " token"
+(`launch_path`), so a benchmark names what ran. A/B: benchmarks/gpu_msa_sparse_ab.py.
 
 `msa_sparse_attention` is the entry point (use_triton + the eligibility rule `msa_sparse_attention_ineligible`,
 recorded as op "msa_sparse_attention"); `msa_sparse_attention_ref` the torch reference.
@@ -58,7 +79,9 @@ VEC_SEARCH_MAX_REQS = 4096
 # Default of the launcher's `fused_merge` (None): merge the split-K partials in the last-arriving split program
 # (one launch) instead of a separate `_merge_kernel` launch.
 FUSED_MERGE = True
-# Tokens per program of the tile kernel when the launcher chooses it (`launch_plan`, query_tile=None).
+# Tokens per program of the tile kernel when the launcher chooses it (`launch_plan`, query_tile=None). 4 (M = 64 at
+# G = 16) with 4 warps and 2 stages is a first choice from the design, not yet measured: the H200 A/B
+# (benchmarks/gpu_msa_sparse_ab.py) times TQ 4 / 8, 4 / 8 warps, 2 / 3 stages against the per-token kernel.
 TILE_TOKENS = 4
 COUNTER_KEY = OP
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
