@@ -201,7 +201,9 @@ def main(argv=None) -> int:
           f"{'x today':>6} check")
     for r in rows:
         print(fmt(r))
-    return 0 if all(r.get("ok", False) or "skipped" in r.get("error", "") for r in rows) else 1
+    bad = [f"{r['variant']} / {r['case']}" for r in rows if not r.get("ok") and "skipped" not in r.get("error", "")]
+    print("all variants correct" if not bad else f"NOT CORRECT OR FAILED: {'; '.join(bad)}")
+    return 0
 
 
 def save(path: str, bw: float, rows: list) -> None:
