@@ -332,6 +332,28 @@ def launch_path(query_tile: int) -> str:
     return f"tile{query_tile}" if query_tile else "token"
 
 
+def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
+                 tq: int, sm_scale_log2: float, v_scale: float, vec_search: bool, num_warps: Optional[int],
+                 num_stages: Optional[int]) -> None:
+    """Launch `_sparse_attn_tile_kernel` (arguments checked by `msa_sparse_attention_triton`): grid
+    (cdiv(T, tq), Hkv), rows tq x G padded to a power of two >= 16; default 4 warps up to 64 rows, else 8, and 2
+    stages."""
+    T, Hq, D = q.shape
+    bs, Hkv = key_cache.shape[1], key_cache.shape[2]
+    B, topk = block_table.shape[0], selected_block_ids.shape[-1]
+    block_m = max(16, triton.next_power_of_2(tq * (Hq // Hkv)))
+    _sparse_attn_tile_kernel[(triton.cdiv(T, tq), Hkv)](
+        q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
+        B, T, block_table.shape[1], sm_scale_log2, float(v_scale),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
+        GROUP=Hq // Hkv, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
+        TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
+        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=vec_search,
+        num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 2,
+    )
+
+
 def msa_sparse_attention_ineligible(q: torch.Tensor, key_cache: torch.Tensor) -> Optional[str]:
     """Eligibility rule of the Triton path: None when it may run, else the reason."""
     return triton_ok(q, key_cache) or pow2_dot_reason(q, key_cache, "head_dim")
@@ -389,17 +411,8 @@ def msa_sparse_attention_triton(
     if vec_search is None:
         vec_search = B < VEC_SEARCH_MAX_REQS
     if tq:
-        block_m = max(16, triton.next_power_of_2(tq * G))
-        _sparse_attn_tile_kernel[(triton.cdiv(T, tq), Hkv)](
-            q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
-            B, T, block_table.shape[1], scale * LOG2E * k_scale, float(v_scale),
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
-            GROUP=G, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
-            TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
-            REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=bool(vec_search),
-            num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 2,
-        )
+        _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
+                     tq, scale * LOG2E * k_scale, v_scale, bool(vec_search), num_warps, num_stages)
         return out
     per = triton.cdiv(topk, num_splits)
     fused_merge = FUSED_MERGE if fused_merge is None else fused_merge
