@@ -24,7 +24,10 @@ row, bound 2e-2 for bf16 p/V products); then CUDA-graph replay median per call (
 over R input sets (prefill and mixed: R = 1, a layer call right after its KV was written; decode: R sets with their
 own block tables so the pages touched total >= 4x the L2). TFLOP/s counts the useful FLOPs, 4 * Hq * D per
 (query, visible selected key); %BW (decode) counts the selected K/V tiles once per token + q + out. "x today" is the
-speed-up against "token (today)" of the same case. SYNTHETIC DATA (randn caches and queries).
+speed-up against "token (today)" of the same case. "blk/t" is the mean number of distinct blocks per tile of the
+variant's TQ tokens (1 for the per-token kernel), i.e. the tile kernel's loop trips: the per-token kernel makes
+TQ * 16 trips of M = 16 for the same tokens, the tile kernel blk/t trips of M = TQ * 16, so the case's locality
+decides the win. SYNTHETIC DATA (randn caches and queries).
 """
 
 from __future__ import annotations
@@ -124,6 +127,19 @@ def build_case(s: dict, reqs: list, mode: str, decode: bool) -> dict:
                 bytes=nsel * bs * 2 * d + 2 * T * s["hq"] * d * qs[0].element_size() + sel0.numel() * 4)
 
 
+def mean_union(sel: torch.Tensor, qsl: torch.Tensor, tq: int) -> float:
+    """Mean number of distinct (request, block) keys per tile of tq consecutive tokens (the tile kernel's loop
+    trips; the per-token kernel makes tq * top-k of them). sel [Hkv, T, topk]; the last partial tile is dropped."""
+    T = sel.shape[1] // tq * tq
+    if T == 0:
+        return float("nan")
+    req = torch.searchsorted(qsl[1:].long(), torch.arange(T, device=sel.device), right=True)
+    keys = torch.where(sel[:, :T] >= 0, req[None, :, None] * (1 << 20) + sel[:, :T].long(), -1)
+    keys = keys.reshape(sel.shape[0], T // tq, -1).sort(dim=-1).values
+    distinct = (keys[..., 1:] != keys[..., :-1]) & (keys[..., 1:] >= 0)
+    return float((distinct.sum(-1) + (keys[..., 0] >= 0).long()).float().mean())
+
+
 def run_variant(s: dict, c: dict, label: str, name: str, kw: dict, bw: float, smoke: bool) -> dict:
     row = dict(case=label, variant=name, R=c["R"])
     t0 = time.time()
@@ -154,7 +170,8 @@ def fmt(r: dict) -> str:
         return format(r[key], spec) if isinstance(r.get(key), (int, float)) else "-"
 
     ok = {True: "ok", False: "WRONG"}.get(r.get("ok"), "-")
-    return (f"{r['variant']:<14} {r['case']:<28} {r.get('path', '-'):<16} {num('us', '9.1f'):>9} "
+    return (f"{r['variant']:<14} {r['case']:<28} {r.get('path', '-'):<16} {num('blocks_per_tile', '5.1f'):>5} "
+            f"{num('us', '9.1f'):>9} "
             f"{num('tflops', '7.1f'):>7} {num('pct_bw', '6.1f'):>6} {num('rel_err', '9.2e'):>9} "
             f"{num('speedup', '6.2f'):>6} {ok:<5} {r.get('error', '')}")
 
@@ -178,14 +195,19 @@ def main(argv=None) -> int:
             rows.append(dict(case=label, variant="-", error=f"inputs: {type(exc).__name__}: {str(exc)[:300]}"))
             continue
         auto = launch_plan(c["T"], c["B"], s["hkv"], s["topk"], torch.device(s["device"]))
-        print(f"case {label}: T={c['T']} B={c['B']} R={c['R']} auto path {launch_path(auto[1])} splits={auto[0]}",
-              flush=True)
+        unions = {tq: mean_union(c["sels"][0], c["qsl"], tq) for tq in (1, 4, 8)}
+        print(f"case {label}: T={c['T']} B={c['B']} R={c['R']} auto path {launch_path(auto[1])} splits={auto[0]}; "
+              f"mean distinct blocks per tile of 1 / 4 / 8 tokens: "
+              f"{unions[1]:.1f} / {unions[4]:.1f} / {unions[8]:.1f}", flush=True)
         base = None
         for name, kw in variants:
             if time.time() - t_start > args.time_budget_s:
                 rows.append(dict(case=label, variant=name, error="skipped: time budget"))
                 continue
             row = run_variant(s, c, label, name, kw, bw, args.smoke)
+            tq = launch_plan(c["T"], c["B"], s["hkv"], s["topk"], torch.device(s["device"]), None,
+                             kw.get("query_tile"))[1]
+            row["blocks_per_tile"] = unions.get(tq or 1)
             base = row.get("us") if name == TODAY else base
             if base and row.get("us"):
                 row["speedup"] = base / row["us"]
@@ -197,7 +219,7 @@ def main(argv=None) -> int:
     save(args.out, bw, rows)
     print(f"\ncopy {bw:.0f} GB/s; Hq {s['hq']} Hkv {s['hkv']} D {s['d']} block {s['bs']} top-{s['topk']}, fp8 KV; "
           f"CUDA-graph us per layer call; x today = speed-up vs '{TODAY}'; {time.time() - t_start:.0f}s")
-    print(f"{'variant':<14} {'case':<28} {'path':<16} {'us':>9} {'TF/s':>7} {'%BW':>6} {'rel_err':>9} "
+    print(f"{'variant':<14} {'case':<28} {'path':<16} {'blk/t':>5} {'us':>9} {'TF/s':>7} {'%BW':>6} {'rel_err':>9} "
           f"{'x today':>6} check")
     for r in rows:
         print(fmt(r))
