@@ -144,13 +144,16 @@ def tile_row(table: Sequence[tuple[int, Tile]], num_tokens: int) -> tuple[int, T
 
 
 def decide_triton(op: str, num_tokens: int, use_triton: bool, reason: Optional[str],
-                  cache_dtype: Optional[torch.dtype] = None) -> bool:
+                  cache_dtype: Optional[torch.dtype] = None, path: Optional[str] = None) -> bool:
     """Record one dispatch decision for `op` (bucket by `num_tokens`, plus " kv=fp8_e4m3" / " kv=fp8_e5m2" when
-    `cache_dtype` is an FP8 KV / index-K cache, so a benchmark names the FP8-KV path) in ladle.observe.dispatch;
-    returns whether the Triton path runs (asked for by `use_triton` and eligible, i.e. `reason` is None)."""
+    `cache_dtype` is an FP8 KV / index-K cache, so a benchmark names the FP8-KV path, plus " <path>" when the op
+    names which of its kernels the Triton path launches) in ladle.observe.dispatch; returns whether the Triton
+    path runs (asked for by `use_triton` and eligible, i.e. `reason` is None)."""
     bucket = dispatch.tokens_bucket(num_tokens)
     if cache_dtype is not None and is_fp8(cache_dtype):
         bucket += f" kv={FP8_KV_NAMES[cache_dtype]}"
+    if path:
+        bucket += f" {path}"
     return dispatch.decide(op, bucket, configured=use_triton, ineligible_reason=reason)
 
 

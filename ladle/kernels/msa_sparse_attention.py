@@ -5,7 +5,7 @@ to the keys j with j // block_size in Sel(g, t) and j <= positions[t], softmax(q
 sum p_j v_j. `selected_block_ids [Hkv, T, topk] int32` holds logical block ids, valid entries left-packed, -1 after
 (ARCHITECTURE.md); the order of the valid entries does not matter here. Rows with no valid entry (padding) give 0.
 
-Kernel (query-major, vLLM `minimax_m3/common/ops/sparse_attn.py` style, written from the description in
+Per-token kernel (query-major, vLLM `minimax_m3/common/ops/sparse_attn.py` style, written from the description in
 design/kernels_and_limits.md §3.2): grid (T, Hkv, NUM_SPLITS). One program loads the G = Hq/Hkv query heads of its
 group as the MMA M dimension (padded to >= 16), walks its share of the selected slots (split s takes slots
 [s*per, (s+1)*per)), maps each logical block through block_table to a page, loads the [block_size, D] K and V
@@ -22,6 +22,27 @@ default the module flag FUSED_MERGE = True):
     after every launch (zeroed once at allocation, then kept zero by the last programs; never re-zeroed by a host
     op, so CUDA-graph replays need nothing extra). See ladle/kernels/split_counters.py.
   * two-launch: `_merge_kernel`, grid (T, Hq), as a second launch.
+
+Query-tile kernel (prefill; `_sparse_attn_tile_kernel`, grid (cdiv(T, TQ), Hkv), no split-K). The per-token
+kernel runs M = G = 16 MMAs (mma.sync, no wgmma at this M) and re-reads every K/V tile from L2 once per token: an
+8K-token FP8 prefill of one TP4 rank spends 92.9 ms over 57 layers in it, 1.63 ms per layer call, about 8x its FLOP
+roofline (benchmarks/results/round6/proxy60_fp8_profile.log). The tile kernel takes TQ consecutive tokens per
+program, rows = TQ x G (row i: token t0 + i // G, head g*G + i % G; TQ = 4 at G = 16 gives M = 64, a wgmma tile),
+and walks the UNION of the tile's selected keys once, so tokens that share blocks (neighbours mostly do) share
+each K/V tile load and MMA. Keys are (request, logical block) pairs, key = r_t * max_blocks + block, so a tile may
+straddle requests (mixed batches, chunked prefill). The [TQ * TOPK] keys are loaded once; a [N, N] compare marks
+first occurrences, tl.cumsum ranks them, n_union counts them; iteration u picks the key of rank u (and its page,
+looked up before the loop) by one masked reduction, so there is no loop-carried state and the K/V tile loads are
+cp.async-pipelined (sm_90 compile: wgmma for both dots). Rows whose token did not select key u get s = -inf
+(tested against the keys loaded a second time in a [rows, TOPK] layout), plus the causal limit j <= positions[t];
+the online softmax, FP8 cast-on-load and scale folding are the per-token kernel's, and an all -inf row stays exact
+(m_safe). Out-of-range tokens, positions < 0, tokens outside every request and rows with no selection give 0.
+
+Choice (`launch_plan`, shape constants only, so CUDA graphs replay): the tile kernel with TILE_TOKENS tokens when
+num_splits == 1 and T >= TILE_TOKENS * B (about TILE_TOKENS or more tokens per request: prefill and mixed
+prefill/decode batches), else the per-token kernel (decode keeps its split-K path). The launcher argument
+`query_tile` forces one (None auto, 0 per-token, TQ tile). The dispatch bucket ends in " tile<TQ>" or " token"
+(`launch_path`), so a benchmark names what ran. A/B: benchmarks/gpu_msa_sparse_ab.py.
 
 `msa_sparse_attention` is the entry point (use_triton + the eligibility rule `msa_sparse_attention_ineligible`,
 recorded as op "msa_sparse_attention"); `msa_sparse_attention_ref` the torch reference.
@@ -58,6 +79,10 @@ VEC_SEARCH_MAX_REQS = 4096
 # Default of the launcher's `fused_merge` (None): merge the split-K partials in the last-arriving split program
 # (one launch) instead of a separate `_merge_kernel` launch.
 FUSED_MERGE = True
+# Tokens per program of the tile kernel when the launcher chooses it (`launch_plan`, query_tile=None). 4 (M = 64 at
+# G = 16) with 4 warps and 2 stages is a first choice from the design, not yet measured: the H200 A/B
+# (benchmarks/gpu_msa_sparse_ab.py) times TQ 4 / 8, 4 / 8 warps, 2 / 3 stages against the per-token kernel.
+TILE_TOKENS = 4
 COUNTER_KEY = OP
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
 
@@ -178,12 +203,155 @@ def _sparse_attn_kernel(
                 release(cnt)
 
 
+@triton.jit
+def _sparse_attn_tile_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, sel_ptr, pos_ptr, qsl_ptr, out_ptr,
+    num_reqs, num_tokens, max_blocks, sm_scale_log2, v_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
+    GROUP: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TOPK: tl.constexpr, TOPK_P2: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
+    VEC_SEARCH: tl.constexpr,
+):
+    """Query-tile program: TQ consecutive tokens x GROUP heads of KV head g as the MMA rows (module docstring)."""
+    t0 = tl.program_id(0) * TQ
+    g = tl.program_id(1)
+    N: tl.constexpr = TQ * TOPK_P2
+    NO_KEY: tl.constexpr = 2147483647
+    idx = tl.arange(0, N)  # flattened (token, slot) of the tile's selections
+    tok_f = idx // TOPK_P2
+    rows = tl.arange(0, BLOCK_M)  # row i: token t0 + i // GROUP, head g * GROUP + i % GROUP
+    tok_r = rows // GROUP
+    req_f = tl.full([N], -1, tl.int32)  # the token's request, -1: no request / position < 0 / past T
+    req_r = tl.full([BLOCK_M], -1, tl.int32)
+    pos_r = tl.full([BLOCK_M], -1, tl.int64)
+    for i in tl.static_range(TQ):
+        t = tl.minimum(t0 + i, num_tokens - 1)
+        if VEC_SEARCH:
+            r = _token_request_vec(qsl_ptr, t, num_reqs, REQS_P2)
+        else:
+            r = _token_request(qsl_ptr, t, num_reqs)
+        pos = tl.load(pos_ptr + t)
+        r = tl.where((t0 + i < num_tokens) & (r < num_reqs) & (pos >= 0), r, -1)
+        req_f = tl.where(tok_f == i, r, req_f)
+        req_r = tl.where(tok_r == i, r, req_r)
+        pos_r = tl.where((tok_r == i) & (r >= 0), pos, pos_r)
+
+    # keys (request, logical block) -> r * max_blocks + block; union with ranks in first-occurrence order
+    sel_base = sel_ptr + g.to(tl.int64) * num_tokens * TOPK
+    slot_f = idx % TOPK_P2
+    sel_f = tl.load(sel_base + (t0 + tok_f) * TOPK + slot_f, mask=(slot_f < TOPK) & (t0 + tok_f < num_tokens),
+                    other=-1)
+    valid_f = (sel_f >= 0) & (req_f >= 0)
+    key_f = tl.where(valid_f, req_f * max_blocks + sel_f, NO_KEY)
+    page_f = tl.load(bt_ptr + req_f * stride_bt + sel_f, mask=valid_f, other=0).to(tl.int64)
+    page_key_f = (page_f << 32) | key_f.to(tl.int64)  # one reduction per iteration fetches both
+    earlier = (key_f[:, None] == key_f[None, :]) & (idx[None, :] < idx[:, None])  # [N, N]
+    first = valid_f & (tl.max(earlier.to(tl.int32), axis=1) == 0)
+    rank = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    n_union = tl.sum(first.to(tl.int32), axis=0)
+    slots = tl.arange(0, TOPK_P2)  # the same keys per row, to test "row's token selected key u"
+    t_r = t0 + tok_r
+    in_r = (rows < TQ * GROUP) & (t_r < num_tokens)
+    sel_r = tl.load(sel_base + t_r[:, None] * TOPK + slots[None, :], mask=in_r[:, None] & (slots[None, :] < TOPK),
+                    other=-1)
+    key_r = tl.where((sel_r >= 0) & (req_r[:, None] >= 0), req_r[:, None] * max_blocks + sel_r, NO_KEY)
+
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = tl.arange(0, BLOCK_SIZE)
+    head = g * GROUP + rows % GROUP
+    q_off = t_r[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=in_r[:, None], other=0.0)
+    kv_off = offs_s[:, None] * stride_ks + g * stride_kh + offs_d[None, :]  # [BS, D]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for u in range(0, n_union):
+        # the unique key of rank u: no loop-carried state, so the pipeliner prefetches the K/V tiles
+        page_key = tl.sum(tl.where(first & (rank == u), page_key_f, 0), axis=0)
+        page = page_key >> 32
+        key_u = (page_key & 0x7FFFFFFF).to(tl.int32)
+        b = key_u % max_blocks
+        kt = tl.load(k_ptr + page * stride_kb + kv_off).to(q.dtype)  # FP8 cache: raw values (exact cast)
+        if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
+            s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(kt))
+        s = s * sm_scale_log2
+        chosen = tl.max((key_r == key_u).to(tl.int32), axis=1) > 0  # [BLOCK_M]
+        j = b * BLOCK_SIZE + offs_s
+        s = tl.where(chosen[:, None] & (j[None, :] <= pos_r[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
+        if FP32_IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
+                                                input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc * v_scale / l_safe[:, None]
+    tl.store(out_ptr + t_r[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=in_r[:, None])
+
+
 def default_num_splits(num_tokens: int, num_kv_heads: int, topk: int, device: torch.device) -> int:
     """Splits over the top-k slots from shape constants only: the largest power of two with about 2 programs
     per SM, at most topk/2 (H200 sweep in benchmarks/gpu_m3_suite.py: B=32 -> 8, B=128 -> 2)."""
     want = max(1, (2 * num_sms(device)) // max(num_tokens * num_kv_heads, 1))
     prev_p2 = 1 << (want.bit_length() - 1)
     return max(1, min(prev_p2, triton.next_power_of_2(topk) // 2 or 1))
+
+
+def launch_plan(num_tokens: int, num_reqs: int, num_kv_heads: int, topk: int, device: torch.device,
+                num_splits: Optional[int] = None, query_tile: Optional[int] = None) -> tuple[int, int]:
+    """(num_splits, TQ) of a launch from shape constants only (no host sync); TQ = 0 is the per-token kernel.
+
+    query_tile None (auto): the tile kernel with TILE_TOKENS tokens when num_splits == 1 and num_tokens >=
+    TILE_TOKENS * num_reqs (about TILE_TOKENS or more tokens per request: prefill), else the per-token kernel
+    (decode); 0 forces the per-token kernel; TQ > 0 (a power of two) forces the tile kernel, which has no split-K
+    (num_splits None then means 1, and num_splits > 1 is refused)."""
+    if query_tile is not None and (query_tile < 0 or query_tile & (query_tile - 1)):
+        raise ValueError(f"query_tile must be None (auto), 0 (per-token kernel) or a power of two, got {query_tile}")
+    if num_splits is None:
+        num_splits = 1 if query_tile else default_num_splits(num_tokens, num_kv_heads, topk, device)
+    if query_tile and num_splits != 1:
+        raise ValueError(f"query_tile {query_tile} (tile kernel) has no split-K: use num_splits 1 or None, "
+                         f"or query_tile 0 for the per-token kernel with num_splits {num_splits}")
+    if query_tile is None:
+        query_tile = TILE_TOKENS if num_splits == 1 and num_tokens >= TILE_TOKENS * num_reqs else 0
+    return num_splits, query_tile
+
+
+def launch_path(query_tile: int) -> str:
+    """Dispatch-bucket suffix naming the kernel that runs: "tile<TQ>" or "token"."""
+    return f"tile{query_tile}" if query_tile else "token"
+
+
+def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
+                 tq: int, sm_scale_log2: float, v_scale: float, vec_search: bool, num_warps: Optional[int],
+                 num_stages: Optional[int]) -> None:
+    """Launch `_sparse_attn_tile_kernel` (arguments checked by `msa_sparse_attention_triton`): grid
+    (cdiv(T, tq), Hkv), rows tq x G padded to a power of two >= 16; default 4 warps up to 64 rows, else 8, and 2
+    stages."""
+    T, Hq, D = q.shape
+    bs, Hkv = key_cache.shape[1], key_cache.shape[2]
+    B, topk = block_table.shape[0], selected_block_ids.shape[-1]
+    block_m = max(16, triton.next_power_of_2(tq * (Hq // Hkv)))
+    _sparse_attn_tile_kernel[(triton.cdiv(T, tq), Hkv)](
+        q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
+        B, T, block_table.shape[1], sm_scale_log2, float(v_scale),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
+        GROUP=Hq // Hkv, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
+        TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
+        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=vec_search,
+        num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 2,
+    )
 
 
 def msa_sparse_attention_ineligible(q: torch.Tensor, key_cache: torch.Tensor) -> Optional[str]:
@@ -208,6 +376,7 @@ def msa_sparse_attention_triton(
     vec_search: Optional[bool] = None,  # None: B < VEC_SEARCH_MAX_REQS
     k_scale: float = 1.0,  # per-tensor scales of FP8 caches (stored * scale)
     v_scale: float = 1.0,
+    query_tile: Optional[int] = None,  # None: auto, 0: per-token kernel, TQ: tile kernel (`launch_plan`)
 ) -> torch.Tensor:
     """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation).
 
@@ -231,8 +400,7 @@ def msa_sparse_attention_triton(
     dev = q.device
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    if num_splits is None:
-        num_splits = default_num_splits(T, Hkv, topk, dev)
+    num_splits, tq = launch_plan(T, B, Hkv, topk, dev, num_splits, query_tile)
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     if out is None:
         out = torch.empty_like(q)
@@ -240,10 +408,14 @@ def msa_sparse_attention_triton(
     if T == 0:
         return out
     positions = positions.to(torch.int64)
-    per = triton.cdiv(topk, num_splits)
-    fused_merge = FUSED_MERGE if fused_merge is None else fused_merge
     if vec_search is None:
         vec_search = B < VEC_SEARCH_MAX_REQS
+    if tq:
+        _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
+                     tq, scale * LOG2E * k_scale, v_scale, bool(vec_search), num_warps, num_stages)
+        return out
+    per = triton.cdiv(topk, num_splits)
+    fused_merge = FUSED_MERGE if fused_merge is None else fused_merge
     if num_splits > 1:
         pacc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=dev)
         pml = torch.empty((T, Hq, num_splits, 2), dtype=torch.float32, device=dev)
@@ -282,7 +454,9 @@ def msa_sparse_attention(
     scales); kwargs are Triton launch options. Returns [T, Hq, D] in q's dtype."""
     reason = msa_sparse_attention_ineligible(q, key_cache)
     args = (q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, scale)
-    if decide_triton(OP, q.shape[0], use_triton, reason, key_cache.dtype):
+    _, tq = launch_plan(q.shape[0], block_table.shape[0], key_cache.shape[2], selected_block_ids.shape[-1],
+                        q.device, kwargs.get("num_splits"), kwargs.get("query_tile"))
+    if decide_triton(OP, q.shape[0], use_triton, reason, key_cache.dtype, path=launch_path(tq)):
         return msa_sparse_attention_triton(*args, k_scale=k_scale, v_scale=v_scale, **kwargs)
     return msa_sparse_attention_ref(*args, k_scale=k_scale, v_scale=v_scale)
 

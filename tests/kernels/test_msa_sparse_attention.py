@@ -215,3 +215,103 @@ def test_gpu_fused_merge_decode_graph_replays():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static, out)
+
+
+# ---- query-tile kernel (TQ tokens x G heads per program over the union of the tile's keys) ---------------------
+TILE_CASES = {  # (context, new tokens) per request, padding tokens, KV heads, heads per KV head
+    "one_request": ([(0, 22)], 0, 1, 16),  # 22 tokens: the last tile is partial
+    "straddling_requests": ([(0, 6), (40, 7), (15, 1), (16, 1), (100, 3)], 1, 2, 2),  # chunks, decodes, padding
+    "chunked_prefill": ([(37, 13), (90, 9)], 0, 1, 16),  # positions start past 0 over cached context
+    "decode_batch_forced": ([(70, 1), (90, 1), (5, 1), (120, 1), (33, 1)], 0, 2, 2),  # 4 requests per tile
+}
+
+
+def _ref64(q, kc, vc, b, sel):
+    return msa_sparse_attention_ref(q.double(), kc.double(), vc.double(), b.block_table, sel, b.positions,
+                                    b.query_start_loc)
+
+
+@pytest.mark.parametrize("tq", [4, 8])
+@pytest.mark.parametrize("case", list(TILE_CASES))
+def test_tile_kernel_vs_reference(case, tq):
+    """Tile kernel on fresh random data vs the float64 reference (relative error < 1e-5 in fp32): indexer
+    selections (tokens of a tile repeat blocks; early tokens have fewer visible blocks than top-k, so -1 padding),
+    plus two tokens whose selection is all -1 (rows with no valid key give 0), into a NaN-poisoned output."""
+    reqs, pad, hkv, group = TILE_CASES[case]
+    b = build(reqs, BS, max_blocks=8, pad_tokens=pad, seed=80 + tq)
+    q, kc, vc = _inputs(b, hkv, group, seed=81 + tq)
+    sel = _selection(b, hkv, topk=4, seed=82 + tq)
+    assert (sel < 0).any(), "test data must contain -1 padding"
+    none = [1, b.num_tokens - 1 - pad]
+    sel[:, none] = -1
+    out = torch.full_like(q, float("nan"))
+    msa_sparse_attention_triton(q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc, query_tile=tq,
+                                out=out)
+    assert rel_err(out, _ref64(q, kc, vc, b, sel)) < 1e-5
+    assert torch.equal(out[none], torch.zeros_like(out[none])), "rows with no selected block must give zeros"
+    if pad:
+        assert torch.equal(out[-1], torch.zeros_like(out[-1])), "padding token must give zeros"
+
+
+def test_tile_kernel_fp8_scales_and_shared_blocks():
+    """FP8 e4m3 caches with k_scale 0.5 and v_scale 2 (cast on load, scales folded), G = 16, T = 13 with TQ 4; every
+    token of the second request selects the same blocks in a different order (the union is small and shared)."""
+    from ladle.kernels._common import quantize_fp8_ref
+    fp8 = torch.float8_e4m3fn
+    b = build([(0, 5), (60, 8)], BS, max_blocks=8, seed=91)
+    q, kc, vc = _inputs(b, 1, 16, seed=92)
+    kq, vq = quantize_fp8_ref(kc, 0.5, fp8), quantize_fp8_ref(vc, 2.0, fp8)
+    sel = _selection(b, 1, topk=4, seed=93)
+    sel[0, 5:] = torch.tensor([[3, 0, 4, 1], [1, 4, 0, 3]], dtype=torch.int32).repeat(4, 1)
+    out = msa_sparse_attention_triton(q, kq, vq, b.block_table, sel, b.positions, b.query_start_loc,
+                                      query_tile=4, k_scale=0.5, v_scale=2.0)
+    ref = msa_sparse_attention_ref(q.double(), kq, vq, b.block_table, sel, b.positions, b.query_start_loc,
+                                   k_scale=0.5, v_scale=2.0)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_auto_choice_tile_for_prefill_token_for_decode(monkeypatch):
+    """query_tile=None: a prefill shape runs the tile kernel, a decode shape the per-token kernel; the dispatch
+    bucket names it ("tile4" / "token"); the shape rule itself at one TP4 rank's 8K prefill and B=32 decode."""
+    import ladle.kernels.msa_sparse_attention as mod
+    from ladle.observe import dispatch
+    cpu = torch.device("cpu")
+    assert mod.launch_plan(8192, 1, 1, 16, cpu) == (1, mod.TILE_TOKENS)
+    assert mod.launch_plan(32, 32, 1, 16, cpu)[1] == 0
+    assert mod.launch_plan(8224, 36, 1, 16, cpu) == (1, mod.TILE_TOKENS)  # 4 x 2048 prefill + 32 decodes
+    tiles = spy_launches(monkeypatch, mod, "_sparse_attn_tile_kernel")
+    for reqs, path, tiled in [([(0, 20)], "tile4", True), ([(40, 1), (33, 1), (70, 1)], "token", False)]:
+        b = build(reqs, BS, max_blocks=8, seed=95)
+        q, kc, vc = _inputs(b, 1, 4, seed=96)
+        sel = _selection(b, 1, topk=3, seed=97)
+        dispatch.reset()
+        tiles.clear()
+        out = msa_sparse_attention(q, kc, vc, b.block_table, sel, b.positions, b.query_start_loc)
+        assert rel_err(out, _ref64(q, kc, vc, b, sel)) < 1e-5
+        buckets = dispatch.snapshot()["ops"]["msa_sparse_attention"]["buckets"]
+        assert list(buckets) == [f"{dispatch.tokens_bucket(b.num_tokens)} {path}"], buckets
+        assert bool(tiles) == tiled
+
+
+def test_query_tile_refusals():
+    """The tile kernel has no split-K and needs a power-of-two tile: both are refused with the alternative named."""
+    import ladle.kernels.msa_sparse_attention as mod
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="num_splits 1"):
+        mod.launch_plan(64, 1, 1, 16, cpu, num_splits=2, query_tile=4)
+    with pytest.raises(ValueError, match="power of two"):
+        mod.launch_plan(64, 1, 1, 16, cpu, query_tile=3)
+    assert mod.launch_plan(64, 1, 1, 16, cpu, query_tile=8) == (1, 8)
+    assert mod.launch_plan(64, 1, 1, 16, cpu, query_tile=0)[1] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tq", [0, 4, 8])
+def test_gpu_tile_kernel_real_geometry(tq):
+    """Block 128, head_dim 128, 16 heads per group, bf16, top-k 16: prefill from 0, a chunk over cached context and
+    two decodes (tiles straddle requests), per-token (tq 0) and tile kernels vs the reference."""
+    torch.manual_seed(7)
+    args, ref = _real_geometry_case([(0, 300), (700, 62), (1500, 1), (2047, 1)], topk=16)
+    out = torch.full_like(args[0], float("nan"))
+    msa_sparse_attention_triton(*args, out=out, query_tile=tq)
+    assert rel_err(out, ref) < 2e-2
