@@ -111,6 +111,29 @@ def _token_request_vec(qsl_ptr, t, num_reqs, REQS_P2: tl.constexpr):
 
 
 @triton.jit
+def _softmax_step(s, m_i, l_i):
+    """Online base-2 softmax over one key tile: s [R, BS] scores in log2 units (-inf = masked), running max m_i and
+    sum l_i [R] -> (new max, new sum, p [R, BS], alpha [R] the rescale of the old accumulator). A row masked so far
+    keeps max -inf and sum 0 exactly (its exponent base is 0, not -inf)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), p, alpha
+
+
+@triton.jit
+def _pv_step(acc, alpha, p, vt, FP32_IEEE: tl.constexpr):
+    """acc [R, D] fp32 rescaled by alpha plus p @ vt (p rounded to V's dtype first; fp32 IEEE dots under
+    FP32_IEEE)."""
+    if FP32_IEEE:
+        out = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
+    else:
+        out = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    return out
+
+
+@triton.jit
 def _sparse_attn_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, sel_ptr, pos_ptr, qsl_ptr, out_ptr, pacc_ptr, pml_ptr, cnt_ptr,
     num_reqs, num_tokens, sm_scale_log2, v_scale,
@@ -167,19 +190,10 @@ def _sparse_attn_kernel(
         s = s * sm_scale_log2
         j = b * BLOCK_SIZE + offs_s
         s = tl.where(j[None, :] <= pos, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i)
         if not SPLIT_DECODE:
             vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
-        if FP32_IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
-                                                input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
+        acc = _pv_step(acc, alpha, p, vt, FP32_IEEE)
     acc = acc * v_scale
 
     if NUM_SPLITS == 1:
@@ -281,18 +295,9 @@ def _sparse_attn_tile_kernel(
         chosen = tl.max((key_r == key_u).to(tl.int32), axis=1) > 0  # [BLOCK_M]
         j = b * BLOCK_SIZE + offs_s
         s = tl.where(chosen[:, None] & (j[None, :] <= pos_r[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i)
         vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
-        if FP32_IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32),
-                                                input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
+        acc = _pv_step(acc, alpha, p, vt, FP32_IEEE)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc * v_scale / l_safe[:, None]
     tl.store(out_ptr + t_r[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
