@@ -54,7 +54,7 @@ EPILOGUE_BLOCK_T = 16  # token rows per program of `_router_topk_kernel`
 
 @triton.jit
 def _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_experts, scaling,
-                E_P2: tl.constexpr, TOPK: tl.constexpr, OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr,
+                BLOCK_T: tl.constexpr, E_P2: tl.constexpr, TOPK: tl.constexpr, OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr,
                 HAS_BIAS: tl.constexpr, SHARED: tl.constexpr):
     """Routing epilogue of a [BLOCK_T, E_P2] fp32 logit tile: sigmoid, biased choice, top-k (lower id wins ties),
     renormalise, scale, shared column; stores ids [T, OUT_COLS] int32 and weights [T, OUT_COLS] fp32 for rows t_ok."""
@@ -65,8 +65,8 @@ def _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_expert
         choice = sig
     choice = tl.where(e_ok[None, :], choice, float("-inf"))
     col = tl.arange(0, OUT_P2)[None, :]
-    ids = tl.zeros([logit.shape[0], OUT_P2], tl.int32)
-    ws = tl.zeros([logit.shape[0], OUT_P2], tl.float32)
+    ids = tl.zeros([BLOCK_T, OUT_P2], tl.int32)
+    ws = tl.zeros([BLOCK_T, OUT_P2], tl.float32)
     for i in tl.static_range(TOPK):
         best = tl.max(choice, axis=1)
         idx = tl.min(tl.where(choice == best[:, None], e[None, :], E_P2), axis=1)
@@ -124,7 +124,7 @@ def _router_logits_kernel(
             acc = tl.dot(xt, wt, acc, input_precision="tf32x3")
     if FUSED:
         _route_rows(acc, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, wts_ptr, num_experts, scaling,
-                    E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
+                    BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
     else:
         p = part_ptr + (split.to(tl.int64) * num_tokens + rows.to(tl.int64))[:, None] * num_experts + e[None, :]
         tl.store(p, acc, mask=t_ok[:, None] & e_ok[None, :])
@@ -144,10 +144,12 @@ def _router_topk_kernel(
     ok = t_ok[:, None] & e_ok[None, :]
     off = rows.to(tl.int64)[:, None] * num_experts + e[None, :]
     logit = tl.zeros([BLOCK_T, E_P2], tl.float32)
-    for s in range(num_splits):
-        logit += tl.load(part_ptr + s.to(tl.int64) * num_tokens * num_experts + off, mask=ok, other=0.0)
+    p = part_ptr + off
+    for _ in range(num_splits):
+        logit += tl.load(p, mask=ok, other=0.0)
+        p += num_tokens * num_experts  # next split's partials
     _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_experts, scaling,
-                E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
+                BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,19 @@ def moe_router_triton(
     _launch_logits(x, gate_weight, cfg, (ids, ws), e_score_correction_bias, top_k, routed_scaling_factor,
                    shared_expert)
     return ids, ws
+
+
+def moe_router_logits_triton(x: torch.Tensor, gate_weight: torch.Tensor, splits: Optional[int] = 1) -> torch.Tensor:
+    """The kernel's [T, E] fp32 logits alone (tests, A/B): `_router_logits_kernel` into a [splits, T, E] partial
+    buffer; splits = 1 gives exactly the logits the fused epilogue routes, splits > 1 their torch sum over splits
+    (within rounding of `_router_topk_kernel`'s in-order sum)."""
+    T, H = x.shape
+    E = gate_weight.shape[0]
+    cfg = router_launch(max(T, 1), H, E, x.device, splits)
+    part = torch.zeros((cfg.splits, T, E), dtype=torch.float32, device=x.device)
+    if T:
+        _launch_logits(x if x.stride(1) == 1 else x.contiguous(), gate_weight.contiguous(), cfg, part)
+    return part.sum(0) if cfg.splits > 1 else part[0]
 
 
 def _launch_logits(x: torch.Tensor, gate_weight: torch.Tensor, cfg: RouterLaunch, out, bias=None, top_k: int = 1,
