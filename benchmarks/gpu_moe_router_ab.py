@@ -9,7 +9,12 @@ Variants per T in {1, 32, 128, 8192}:
             fp32 copy of x) then the routing epilogue kernel on them (`route_from_logits` on [1, T, E]);
   "triton"  `moe_router_triton` as dispatched: x read in bf16, 3xTF32 tl.dot, epilogue fused (prefill) or split K +
             `_router_topk_kernel` (decode); the "cfg" column is the launch (BLOCK_T/BLOCK_K/splits);
-  "unsplit" (T <= 128 only) the same kernel forced to one split, to show what the split-K buys at decode.
+  "bf16x3w" the same kernel with precision="bf16x3w" (bf16 x as stored times W split into three bf16 parts: three
+            bf16 MMAs instead of 3xTF32's three TF32 ones; the candidate default for bf16 x if it is faster at the
+            same error);
+  "unsplit" (T <= 128 only) "triton" forced to one split, to show what the split-K buys at decode.
+READ: "triton" must beat "today" at every T with logit rel err ~1e-7..1e-6 and ids=f64 equal to today's count (or
+off by a near-tie); "bf16x3w" may become the bf16 default if it is faster with no larger error.
 Checks, on fresh random data per T (x ~ N(0,1), W ~ N(0, 1/H) so logits ~ N(0,1), bias ~ N(0, 0.1^2)): the logits'
 relative error against a float64 reference (today: the torch fp32 logits; triton: the kernel's own logits via
 `moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4 (stable, lower id
@@ -39,7 +44,7 @@ from benchmarks.gpu_bench_common import L2_BYTES, measure_copy_bandwidth, rel_er
 from ladle.kernels.moe_router import (moe_router_logits_triton, moe_router_triton, route_from_logits,  # noqa: E402
                                       router_launch, router_logits)
 
-FULL = dict(h=6144, e=128, k=4, tokens=(1, 32, 128, 8192), device="cuda")
+FULL = dict(h=6144, e=128, k=4, tokens=(8192, 1, 32, 128), device="cuda")  # prefill first: the budget cuts last
 SMOKE = dict(h=256, e=12, k=4, tokens=(1, 17), device="cpu")
 ROWS: list[dict] = []
 
@@ -56,23 +61,24 @@ def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
              torch.randn(e, generator=g, device=dev) * 0.1) for _ in range(R)]
 
 
-def variants(T: int) -> list[tuple[str, int | None]]:
-    """(name, splits) per T: None = the launch rule; "today" is the torch-logits path."""
-    out = [("today", None), ("triton", None)]
-    return out + [("unsplit", 1)] if T <= 128 else out
+def variants(T: int) -> list[tuple[str, int | None, str]]:
+    """(name, splits, precision) per T: splits None = the launch rule; "today" is the torch-logits path."""
+    out = [("today", None, ""), ("triton", None, "tf32x3"), ("bf16x3w", None, "bf16x3w")]
+    return out + [("unsplit", 1, "tf32x3")] if T <= 128 else out
 
 
-def call(name: str, splits, x, w, b, k):
+def call(name: str, splits, prec, x, w, b, k):
     if name == "today":
         return route_from_logits(router_logits(x, w)[None], b, k, 2.0, shared_expert=True)
-    return moe_router_triton(x, w, b, k, 2.0, shared_expert=True, splits=splits)
+    return moe_router_triton(x, w, b, k, 2.0, shared_expert=True, splits=splits, precision=prec)
 
 
-def check(name: str, splits, x, w, b, k) -> dict:
+def check(name: str, splits, prec, x, w, b, k) -> dict:
     """Errors of one call against float64 (module doc)."""
     l64 = x.double() @ w.double().T
-    logits = router_logits(x, w) if name == "today" else moe_router_logits_triton(x, w, splits=splits)
-    ids, wts = call(name, splits, x, w, b, k)
+    logits = (router_logits(x, w) if name == "today"
+              else moe_router_logits_triton(x, w, splits=splits, precision=prec))
+    ids, wts = call(name, splits, prec, x, w, b, k)
     choice = torch.sigmoid(l64) + b.double()
     rids = torch.sort(choice, dim=1, descending=True, stable=True).indices[:, :k]
     sig = torch.sigmoid(l64).gather(1, ids[:, :k].long())
@@ -88,8 +94,8 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
     sets = make_sets(s, T, R, seed=T)
     x, w, b = sets[0]
     base_us, base_ids = None, None
-    for name, splits in variants(T):
-        cfg = router_launch(T, s["h"], s["e"], x.device, splits)
+    for name, splits, prec in variants(T):
+        cfg = router_launch(T, s["h"], s["e"], x.device, splits, prec or "tf32x3")
         row = dict(variant=name, T=T, H=s["h"], E=s["e"], R=R,
                    cfg="torch" if name == "today" else f"{cfg.block_t}/{cfg.block_k}/{cfg.splits}")
         if time.time() > deadline:
@@ -97,12 +103,12 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
             log(json.dumps(ROWS[-1]))
             continue
         try:
-            row.update(check(name, splits, x, w, b, s["k"]))
+            row.update(check(name, splits, prec, x, w, b, s["k"]))
             ids = row.pop("ids")
             base_ids = ids if name == "today" else base_ids
             row["ids_agree_today"] = int((ids == base_ids).all(1).sum())
             if not smoke:
-                us = time_graph_us([lambda xs=xs: call(name, splits, *xs, s["k"]) for xs in sets])
+                us = time_graph_us([lambda xs=xs: call(name, splits, prec, *xs, s["k"]) for xs in sets])
                 base_us = us if name == "today" else base_us
                 nbytes = per_set + T * (s["k"] + 1) * 8
                 row.update(us=us, tflops=2 * T * s["h"] * s["e"] / (us * 1e-6) / 1e12,
@@ -117,7 +123,7 @@ def print_table() -> None:
     hdr = (f"{'variant':<8} {'T':>5} {'cfg BT/BK/S':<12} {'us':>8} {'TFLOP/s':>8} {'%BW':>6} {'x today':>7} "
            f"{'logit rel':>9} {'ids=f64':>8} {'ids=today':>9} {'w rel':>8}")
     log("\n" + hdr + "\n" + "-" * len(hdr))
-    for r in ROWS:
+    for r in sorted(ROWS, key=lambda r: r["T"]):
         head = f"{r['variant']:<8} {r['T']:>5} {r['cfg']:<12}"
         if "error" in r:
             log(f"{head} FAILED/SKIPPED: {r['error']}")

@@ -53,7 +53,7 @@ def test_ties_lower_id_wins_and_no_bias():
 # Stated bound: every logit within LOGIT_TOL * sum_k |x_k W_ek| of the float64 value (3xTF32 is ~1e-6 of that on the
 # GPU; the interpreter's fp32 products ~1e-7); routed weights within WEIGHT_RTOL of float64 for the same ids.
 LOGIT_TOL, WEIGHT_RTOL = 1e-5, 1e-5
-H_TEST = 256  # 4 BLOCK_K steps: the interpreter's launch rule splits K into 4 programs (num_sms() = 4 off-GPU)
+H_TEST = 256  # 8 BLOCK_K steps of 32: the interpreter's launch rule splits K into 4 programs (num_sms() = 4 off-GPU)
 
 
 def _inputs(T, E, dtype, seed):
@@ -149,3 +149,50 @@ def test_router_reads_bf16_x_without_an_fp32_copy():
         rids, _ = moe_router(x, w, bias, 2, 2.0, shared_expert=True, use_triton=False)
     assert probe.seen, "the probe must see the reference's x.float()"
     assert torch.equal(ids, rids)
+
+
+@pytest.mark.parametrize("T", [3, 64])
+def test_bf16x3w_precision_vs_float64(T):
+    """The A/B candidate "bf16x3w" (bf16 x times W split into three bf16 parts): same bound, same ids/weights checks,
+    fused and split. Under the interpreter the products are fp32, so this checks the split (w1 + w2 + w3 = W)."""
+    x, w, bias = _inputs(T, 12, torch.bfloat16, seed=T + 5)
+    for splits in (1, None):
+        logits = moe_router_logits_triton(x, w, splits=splits, precision="bf16x3w")
+        l64 = x.double() @ w.double().T
+        assert ((logits.double() - l64).abs() <= LOGIT_TOL * (x.double().abs() @ w.double().abs().T)).all()
+        ids, wts = moe_router_triton(x, w, bias, 4, 2.0, shared_expert=True, splits=splits, precision="bf16x3w")
+        assert _check_against_float64(x, w, bias, 4, True, ids, wts) >= T // 2
+
+
+def test_precision_refusals():
+    x, w, bias = _inputs(3, 8, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="bf16x3w"):
+        moe_router_triton(x, w, bias, 2, precision="bf16x3w")
+    with pytest.raises(ValueError, match="ladle offers"):
+        moe_router_triton(x.bfloat16(), w, bias, 2, precision="fp64")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 32, 128, 2048])
+@pytest.mark.parametrize("precision", ["tf32x3", "bf16x3w"])
+def test_gpu_m3_shape_accuracy_and_graph(T, precision):
+    """One TP4 rank of M3 (H 6144, E 128, top-4 + shared): the logit bound, ids/weights vs float64, and a CUDA-graph
+    replay on new x data equal to the eager call (same launch, so bit for bit)."""
+    g = torch.Generator(device="cuda").manual_seed(T)
+    H, E, k = 6144, 128, 4
+    x = torch.randn(T, H, generator=g, device="cuda").bfloat16()
+    w = torch.randn(E, H, generator=g, device="cuda") / H ** 0.5
+    bias = torch.randn(E, generator=g, device="cuda") * 0.1
+    cfg = router_launch(T, H, E, x.device, None, precision)
+    logits = moe_router_logits_triton(x, w, splits=cfg.splits, precision=precision)
+    l64 = x.double() @ w.double().T
+    assert ((logits.double() - l64).abs() <= LOGIT_TOL * (x.double().abs() @ w.double().abs().T)).all()
+    ids, wts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
+    assert _check_against_float64(x.cpu(), w.cpu(), bias.cpu(), k, True, ids.cpu(), wts.cpu()) >= 0.9 * T
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gids, gwts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
+    x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())
+    graph.replay()
+    eids, ewts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
+    assert torch.equal(gids, eids) and torch.equal(gwts, ewts)
