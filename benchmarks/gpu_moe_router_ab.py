@@ -106,13 +106,13 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
             row.update(check(name, splits, prec, x, w, b, s["k"]))
             ids = row.pop("ids")
             base_ids = ids if name == "today" else base_ids
-            row["ids_agree_today"] = int((ids == base_ids).all(1).sum())
+            row["ids_agree_today"] = -1 if base_ids is None else int((ids == base_ids).all(1).sum())
             if not smoke:
                 us = time_graph_us([lambda xs=xs: call(name, splits, prec, *xs, s["k"]) for xs in sets])
                 base_us = us if name == "today" else base_us
                 nbytes = per_set + T * (s["k"] + 1) * 8
                 row.update(us=us, tflops=2 * T * s["h"] * s["e"] / (us * 1e-6) / 1e12,
-                           pct_bw=100 * nbytes / (us * 1e-6) / 1e9 / bw, speedup=base_us / us)
+                           pct_bw=100 * nbytes / (us * 1e-6) / 1e9 / bw, speedup=base_us / us if base_us else float("nan"))
         except Exception as exc:  # a failing variant is a row, never the end of the run
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         ROWS.append(row)
