@@ -124,10 +124,14 @@ def test_exact_tie_on_fp32_logits_picks_lower_id(splits):
     assert torch.equal(ids, moe_router_ref(x, w, None, 12, 1.0)[0])
 
 
-def test_router_reads_bf16_x_without_an_fp32_copy():
-    """The dispatching op (what FusedMoE.route calls) on bf16 x makes no float32 [T, H] tensor; the reference,
-    which casts x.float(), does (so the probe sees such a copy when there is one)."""
+def test_moe_layer_routes_bf16_x_without_an_fp32_copy():
+    """FusedMoE.route (what the M3 MoE layers call) on bf16 x with the Triton MoE backend makes no float32 [T, H]
+    tensor, and its router weight is stored float32 (so no cast of W either); with the torch backend, whose
+    reference casts x.float(), the same probe sees the copy. Both route alike."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ladle.layers.attention.metadata import ForwardContext, OpBackends, set_forward_context
+    from ladle.layers.moe import FusedMoE
 
     class FloatCopies(TorchDispatchMode):
         def __init__(self, shape):
@@ -142,13 +146,16 @@ def test_router_reads_bf16_x_without_an_fp32_copy():
             return out
 
     x, w, bias = _inputs(17, 8, torch.bfloat16, seed=11)
-    with FloatCopies(tuple(x.shape)) as probe:
-        ids, _ = moe_router(x, w, bias, 2, 2.0, shared_expert=True, use_triton=True)
-    assert probe.seen == [], probe.seen
-    with FloatCopies(tuple(x.shape)) as probe:
-        rids, _ = moe_router(x, w, bias, 2, 2.0, shared_expert=True, use_triton=False)
-    assert probe.seen, "the probe must see the reference's x.float()"
-    assert torch.equal(ids, rids)
+    moe = FusedMoE(H_TEST, 8, 2, 32, shared_intermediate_size=32, routed_scaling_factor=2.0, dtype=torch.bfloat16)
+    assert moe.gate_weight.dtype == torch.float32 and moe.e_score_correction_bias.dtype == torch.float32
+    moe.gate_weight.data.copy_(w)
+    moe.e_score_correction_bias.data.copy_(bias)
+    routes = []
+    for backends, expect_copy in ((OpBackends.kernels(), False), (OpBackends.reference(), True)):
+        with set_forward_context(ForwardContext(None, [], backends)), FloatCopies(tuple(x.shape)) as probe:
+            routes.append(moe.route(x, with_shared=True))
+        assert bool(probe.seen) == expect_copy, (backends, probe.seen)
+    assert torch.equal(routes[0][0], routes[1][0])
 
 
 @pytest.mark.parametrize("T", [3, 64])
