@@ -158,6 +158,20 @@ def test_moe_layer_routes_bf16_x_without_an_fp32_copy():
     assert torch.equal(routes[0][0], routes[1][0])
 
 
+def test_fp16_x_read_through_a_row_stride():
+    """fp16 x, given as a column slice of a wider tensor (row stride 2H): read in place, same bound and checks."""
+    x, w, bias = _inputs(17, 12, torch.float16, seed=21)
+    wide = torch.cat([x, torch.randn_like(x.float()).half()], dim=1)
+    view = wide[:, :H_TEST]
+    assert view.stride(0) == 2 * H_TEST
+    for splits in (1, None):
+        logits = moe_router_logits_triton(view, w, splits=splits)
+        l64 = x.double() @ w.double().T
+        assert ((logits.double() - l64).abs() <= LOGIT_TOL * (x.double().abs() @ w.double().abs().T)).all()
+        ids, wts = moe_router_triton(view, w, bias, 3, 2.0, shared_expert=True, splits=splits)
+        assert _check_against_float64(x, w, bias, 3, True, ids, wts) >= 17 // 2
+
+
 @pytest.mark.parametrize("T", [3, 64])
 def test_bf16x3w_precision_vs_float64(T):
     """The A/B candidate "bf16x3w" (bf16 x times W split into three bf16 parts): same bound, same ids/weights checks,
