@@ -1,7 +1,8 @@
-"""MiniMax-M3 MoE router: fp32 logits, sigmoid, biased choice, top-k, renormalise, scale, shared-expert column.
+"""MiniMax-M3 MoE router: fp32-accurate logits on tensor cores, sigmoid, biased choice, top-k, renormalise, scale,
+shared-expert column — one fused Triton op.
 
 Math (design/minimax_m3.md §3.8):
-    logits = x.float() @ W.float()^T                        [T, E] fp32 (torch matmul, IEEE fp32: no TF32)
+    logits = x.float() @ W.float()^T                        [T, E] fp32
     sig    = sigmoid(logits)
     choice = sig + e_score_correction_bias                  (selection only)
     ids    = top-k of choice (ties: the LOWER expert id wins)
@@ -9,61 +10,216 @@ Math (design/minimax_m3.md §3.8):
 With `shared_expert=True` a column k is appended with id E (the shared expert packed as expert #E of the fused
 MoE table) and weight exactly 1.0 — never renormalised, never scaled (kernels_and_limits.md §1.6).
 
-Kernel: `_router_topk_kernel`, one program per token, on the [T, E] fp32 logits. Grid (T,), no host sync.
+Kernels. `_router_logits_kernel`, grid (cdiv(T, BLOCK_T), SPLITS): each program multiplies a [BLOCK_T, BLOCK_K]
+tile of x, loaded in its own dtype (bf16/fp16/fp32) and widened to fp32 in registers — no fp32 copy of x in memory —
+by the [E_P2, BLOCK_K] tile of W (fp32 as the layer stores it), accumulating [BLOCK_T, E_P2] fp32 logits over its
+K range with `tl.dot(..., input_precision="tf32x3")` (3xTF32: each operand split into a TF32 high part and a TF32
+residual, three tensor-core products; a bf16/fp16 x is exact in TF32, so its residual is zero). `precision=
+"bf16x3w"` (bf16 x only; an A/B candidate, not the default until measured) instead keeps x in bf16 and splits W
+into three bf16 parts (three bf16 MMAs, half the tensor work of 3xTF32, W kept to ~2^-24). With SPLITS = 1
+(prefill: enough row tiles to fill the GPU) the same program runs the routing epilogue `_route_rows` on the logit
+tile in registers and writes ids/weights. With SPLITS > 1 (decode: few tokens, so K is split over programs to read
+W in parallel) each program writes its fp32 partial logits to a [SPLITS, T, E] buffer and `_router_topk_kernel`
+(grid cdiv(T, 16)) sums the partials in split order (atomic-free, deterministic) and runs `_route_rows`.
+E_P2 = next power of two >= max(E, 16); experts E..E_P2-1 are masked (zero weights, -inf choice). The launch rule
+(`router_launch`) depends only on T, H, E and the device's SM count: no host sync, CUDA-graph capturable.
+Under the CPU interpreter the dot is exact fp32 ("ieee"), so CPU tests check the math.
+
+Accuracy contract. Logits: each product x_k W_ek carries <~ 2^-21 relative error (3xTF32 drops the residual x
+residual term and rounds the residual products to TF32; bf16x3w leaves ~2^-24 of W), then fp32 accumulation adds
+the summation error any fp32 GEMM has (its order differs between kernels; cuBLAS differs from itself across split-K
+choices): in practice |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound it by 1e-5 x that; the A/B prints the
+measured error). The logits are reproducible bit for bit for a given T on a given device; across T (decode vs
+prefill) the split and tile differ and a logit may differ in its last bits. Routing is discrete: an exact tie of
+sig + bias on the computed fp32 logits picks the lower expert id (as `moe_router_ref`'s stable sort does); a
+near-tie whose margin is within the logit error above may pick either expert, and may differ from the torch fp32
+GEMM of the reference, which is not order-exact either. Weights are then within ~1e-6 relative of the reference's
+for the same ids.
+
+The torch reference `moe_router_ref` (x.float() @ W^T in IEEE fp32, TF32 off, stable sort) is the spec.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from ladle.kernels._common import decide_triton, triton_ok, tl, triton
+from ladle.kernels._common import decide_triton, interpreting, num_sms, triton_ok, tl, triton
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
 OP = "moe_router"
-dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch fp32 matmul")
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by a 3xTF32 tl.dot inside the kernel")
+
+EPILOGUE_BLOCK_T = 16  # token rows per program of `_router_topk_kernel`
+
+
+@triton.jit
+def _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_experts, scaling,
+                BLOCK_T: tl.constexpr, E_P2: tl.constexpr, TOPK: tl.constexpr, OUT_COLS: tl.constexpr,
+                OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SHARED: tl.constexpr):
+    """Routing epilogue of a [BLOCK_T, E_P2] fp32 logit tile: sigmoid, biased choice, top-k (lower id wins ties),
+    renormalise, scale, shared column; stores ids [T, OUT_COLS] int32 and weights [T, OUT_COLS] fp32 for rows t_ok."""
+    sig = tl.sigmoid(logit)
+    if HAS_BIAS:
+        choice = sig + tl.load(bias_ptr + e, mask=e_ok, other=0.0)[None, :]
+    else:
+        choice = sig
+    choice = tl.where(e_ok[None, :], choice, float("-inf"))
+    col = tl.arange(0, OUT_P2)[None, :]
+    ids = tl.zeros([BLOCK_T, OUT_P2], tl.int32)
+    ws = tl.zeros([BLOCK_T, OUT_P2], tl.float32)
+    for i in tl.static_range(TOPK):
+        best = tl.max(choice, axis=1)
+        idx = tl.min(tl.where(choice == best[:, None], e[None, :], E_P2), axis=1)
+        hit = e[None, :] == idx[:, None]
+        wsel = tl.sum(tl.where(hit, sig, 0.0), axis=1)
+        ids = tl.where(col == i, idx[:, None], ids)
+        ws = tl.where(col == i, wsel[:, None], ws)
+        choice = tl.where(hit, float("-inf"), choice)
+    total = tl.sum(ws, axis=1)
+    ws = ws / total[:, None] * scaling
+    if SHARED:
+        ids = tl.where(col == TOPK, num_experts, ids)
+        ws = tl.where(col == TOPK, 1.0, ws)
+    off = rows.to(tl.int64)[:, None] * OUT_COLS + col
+    ok = t_ok[:, None] & (col < OUT_COLS)
+    tl.store(ids_ptr + off, ids, mask=ok)
+    tl.store(w_ptr + off, ws, mask=ok)
+
+
+@triton.jit
+def _dot_acc(xt, wt, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + xt @ wt^T in fp32: xt [BLOCK_T, BLOCK_K] as loaded (x's dtype), wt [E_P2, BLOCK_K] fp32.
+    "tf32x3": tl.dot's 3xTF32 on fp32 operands. "bf16x3w": xt bf16 as stored times W split into three bf16 parts
+    w1 + w2 + w3 (each the bf16 rounding of what the previous parts left; the sum is W to ~2^-24), three bf16 MMAs,
+    smallest part first. INTERPRET: the CPU interpreter (whose bf16 dot is not exact): every product in fp32 "ieee"
+    (the bf16 parts are still formed, so the split's math is checked)."""
+    if PRECISION == "bf16x3w":
+        w1 = wt.to(tl.bfloat16)
+        r = wt - w1.to(tl.float32)
+        w2 = r.to(tl.bfloat16)
+        w3 = (r - w2.to(tl.float32)).to(tl.bfloat16)
+        if INTERPRET:
+            xf = xt.to(tl.float32)
+            acc = tl.dot(xf, tl.trans(w3.to(tl.float32)), acc, input_precision="ieee")
+            acc = tl.dot(xf, tl.trans(w2.to(tl.float32)), acc, input_precision="ieee")
+            acc = tl.dot(xf, tl.trans(w1.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, tl.trans(w3), acc)
+            acc = tl.dot(xt, tl.trans(w2), acc)
+            acc = tl.dot(xt, tl.trans(w1), acc)
+    elif INTERPRET:
+        acc = tl.dot(xt.to(tl.float32), tl.trans(wt), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(xt.to(tl.float32), tl.trans(wt), acc, input_precision="tf32x3")
+    return acc
+
+
+@triton.jit
+def _router_logits_kernel(
+    x_ptr, w_ptr, bias_ptr, part_ptr, ids_ptr, wts_ptr,
+    num_tokens, hidden, num_experts, stride_xt, stride_we, k_chunk, scaling,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, E_P2: tl.constexpr, EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr, INTERPRET: tl.constexpr, FUSED: tl.constexpr, TOPK: tl.constexpr,
+    OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
+):
+    """Logits of BLOCK_T tokens over K range [split * k_chunk, +k_chunk): routed in registers (FUSED) or stored as
+    fp32 partials part[split, t, e]."""
+    split = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = rows < num_tokens
+    e = tl.arange(0, E_P2)
+    e_ok = e < num_experts
+    kk = tl.arange(0, BLOCK_K)
+    k0 = split * k_chunk
+    k_end = tl.minimum(k0 + k_chunk, hidden)
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
+    w_rows = w_ptr + e.to(tl.int64)[:, None] * stride_we
+    acc = tl.zeros([BLOCK_T, E_P2], tl.float32)
+    for k in range(k0, k_end, BLOCK_K):
+        ks = k + kk
+        if EVEN_K:
+            xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None], other=0.0)
+            wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None], other=0.0)
+        else:
+            k_ok = ks < k_end
+            xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = _dot_acc(xt, wt.to(tl.float32), acc, PRECISION, INTERPRET)
+    if FUSED:
+        _route_rows(acc, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, wts_ptr, num_experts, scaling,
+                    BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
+    else:
+        p = part_ptr + (split.to(tl.int64) * num_tokens + rows.to(tl.int64))[:, None] * num_experts + e[None, :]
+        tl.store(p, acc, mask=t_ok[:, None] & e_ok[None, :])
 
 
 @triton.jit
 def _router_topk_kernel(
-    logits_ptr, bias_ptr, ids_ptr, w_ptr, num_experts, scaling,
-    E_P2: tl.constexpr, TOPK: tl.constexpr, OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr,
+    part_ptr, bias_ptr, ids_ptr, w_ptr, num_tokens, num_experts, num_splits, scaling,
+    BLOCK_T: tl.constexpr, E_P2: tl.constexpr, TOPK: tl.constexpr, OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr,
     HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    """Sum of the fp32 partial logits part[s, t, e] over s = 0..num_splits-1 (in that order), then `_route_rows`."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = rows < num_tokens
     e = tl.arange(0, E_P2)
-    ok = e < num_experts
-    logit = tl.load(logits_ptr + t.to(tl.int64) * num_experts + e, mask=ok, other=0.0)
-    sig = tl.sigmoid(logit)
-    if HAS_BIAS:
-        choice = sig + tl.load(bias_ptr + e, mask=ok, other=0.0)
-    else:
-        choice = sig
-    choice = tl.where(ok, choice, float("-inf"))
-    col = tl.arange(0, OUT_P2)
-    ids = tl.zeros([OUT_P2], tl.int32)
-    ws = tl.zeros([OUT_P2], tl.float32)
-    for i in tl.static_range(TOPK):
-        best = tl.max(choice, axis=0)
-        idx = tl.min(tl.where(choice == best, e, E_P2), axis=0)
-        wsel = tl.sum(tl.where(e == idx, sig, 0.0), axis=0)
-        ids = tl.where(col == i, idx, ids)
-        ws = tl.where(col == i, wsel, ws)
-        choice = tl.where(e == idx, float("-inf"), choice)
-    total = tl.sum(ws, axis=0)
-    ws = ws / total * scaling
-    if SHARED:
-        ids = tl.where(col == TOPK, num_experts, ids)
-        ws = tl.where(col == TOPK, 1.0, ws)
-    base = t.to(tl.int64) * OUT_COLS
-    tl.store(ids_ptr + base + col, ids, mask=col < OUT_COLS)
-    tl.store(w_ptr + base + col, ws, mask=col < OUT_COLS)
+    e_ok = e < num_experts
+    ok = t_ok[:, None] & e_ok[None, :]
+    off = rows.to(tl.int64)[:, None] * num_experts + e[None, :]
+    logit = tl.zeros([BLOCK_T, E_P2], tl.float32)
+    p = part_ptr + off
+    for _ in range(num_splits):
+        logit += tl.load(p, mask=ok, other=0.0)
+        p += num_tokens * num_experts  # next split's partials
+    _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_experts, scaling,
+                BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
+
+
+@dataclass(frozen=True)
+class RouterLaunch:
+    """Tiles of one `moe_router_triton` call: BLOCK_T tokens x E_P2 experts per program, K in BLOCK_K steps,
+    `splits` programs per row tile each over `k_chunk` (a multiple of BLOCK_K) of the hidden dim."""
+    block_t: int
+    block_k: int
+    e_p2: int
+    splits: int
+    k_chunk: int
+    num_warps: int
+    num_stages: int
+    precision: str = "tf32x3"
+
+
+PRECISIONS = ("tf32x3", "bf16x3w")
+
+
+def router_launch(num_tokens: int, hidden: int, num_experts: int, device: torch.device,
+                  splits: Optional[int] = None, precision: str = "tf32x3") -> RouterLaunch:
+    """The launch rule (module doc). Row tile 16/32/64 tokens; split K only while the row tiles fill less than half
+    of the SMs, into about one program per SM, capped so the partial buffer (splits x T x E fp32) is no larger than
+    W; `splits` overrides the split count (rounded so that every split has whole BLOCK_K steps). `precision`: the
+    logits' products (`_dot_acc`): "tf32x3" (any x dtype) or "bf16x3w" (bf16 x only; A/B candidate)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"router precision {precision!r}: ladle offers {PRECISIONS}")
+    e_p2 = max(16, triton.next_power_of_2(num_experts))
+    block_t = 16 if num_tokens <= 16 else 32 if num_tokens <= 32 else 64
+    block_k = 32 if e_p2 <= 128 else 16
+    tiles = triton.cdiv(num_tokens, block_t)
+    if splits is None:
+        sms = num_sms(device)
+        splits = 1 if 2 * tiles >= sms else min(sms // tiles, max(1, hidden // max(num_tokens, 1)))
+    k_chunk = triton.cdiv(triton.cdiv(hidden, max(1, splits)), block_k) * block_k
+    # sm_90 ptxas (triton 3.6, E 128): no register spills at these tiles and warps, fused epilogue included
+    return RouterLaunch(block_t, block_k, e_p2, triton.cdiv(hidden, k_chunk), k_chunk,
+                        num_warps=4 if block_t == 16 else 8, num_stages=3 if num_tokens > 64 else 2,
+                        precision=precision)
 
 
 def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
-    """[T, E] fp32 logits = x.float() @ W.float()^T with TF32 off for this matmul (routing must not depend on it)."""
+    """[T, E] fp32 logits = x.float() @ W.float()^T with TF32 off for this matmul (the reference's logits)."""
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -72,36 +228,102 @@ def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
         torch.backends.cuda.matmul.allow_tf32 = prev
 
 
+def route_from_logits(partials: torch.Tensor, e_score_correction_bias: Optional[torch.Tensor], top_k: int,
+                      routed_scaling_factor: float = 1.0, shared_expert: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_router_topk_kernel` alone: partials [S, T, E] fp32 contiguous (S = 1: finished logits) -> (ids, weights)
+    as `moe_router_triton` returns them. The split-K path's second pass, and the A/B's "torch logits" baseline."""
+    S, T, E = partials.shape
+    assert partials.dtype == torch.float32 and partials.is_contiguous() and 1 <= top_k <= E
+    cols = top_k + int(shared_expert)
+    ids = torch.empty((T, cols), dtype=torch.int32, device=partials.device)
+    ws = torch.empty((T, cols), dtype=torch.float32, device=partials.device)
+    if T == 0:
+        return ids, ws
+    bias = _bias(e_score_correction_bias, E, partials)
+    e_p2 = max(16, triton.next_power_of_2(E))
+    _router_topk_kernel[(triton.cdiv(T, EPILOGUE_BLOCK_T),)](
+        partials, bias, ids, ws, T, E, S, float(routed_scaling_factor),
+        BLOCK_T=EPILOGUE_BLOCK_T, E_P2=e_p2, TOPK=top_k, OUT_COLS=cols, OUT_P2=triton.next_power_of_2(cols),
+        HAS_BIAS=e_score_correction_bias is not None, SHARED=shared_expert, num_warps=4,
+    )
+    return ids, ws
+
+
+def _bias(e_score_correction_bias: Optional[torch.Tensor], E: int, placeholder: torch.Tensor) -> torch.Tensor:
+    if e_score_correction_bias is None:
+        return placeholder  # never read (HAS_BIAS False)
+    assert e_score_correction_bias.shape == (E,)
+    return e_score_correction_bias.float().contiguous()  # the layer's bias is fp32 already: no copy
+
+
 def moe_router_triton(
-    x: torch.Tensor,  # [T, hidden] activations (any float dtype)
-    gate_weight: torch.Tensor,  # [E, hidden] fp32 router weight
+    x: torch.Tensor,  # [T, hidden] activations, bf16/fp16/fp32 (read in place; rows may be strided)
+    gate_weight: torch.Tensor,  # [E, hidden] router weight (fp32 as the layer stores it)
     e_score_correction_bias: Optional[torch.Tensor],  # [E] fp32, choice only
     top_k: int,
     routed_scaling_factor: float = 1.0,
     shared_expert: bool = False,
+    *,
+    splits: Optional[int] = None,  # split-K override (tests, A/B); None = `router_launch`'s rule
+    precision: str = "tf32x3",  # `router_launch`; "bf16x3w" needs bf16 x
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (topk_ids [T, k(+1)] int32, topk_weights [T, k(+1)] fp32); the shared column, if any, is last."""
     assert x.dim() == 2 and gate_weight.dim() == 2 and x.shape[1] == gate_weight.shape[1]
+    T, H = x.shape
     E = gate_weight.shape[0]
     assert 1 <= top_k <= E
-    if e_score_correction_bias is not None:
-        assert e_score_correction_bias.shape == (E,)
-        bias = e_score_correction_bias.float().contiguous()
-    else:
-        bias = gate_weight  # unused
-    logits = router_logits(x, gate_weight).contiguous()
-    T = x.shape[0]
     cols = top_k + int(shared_expert)
+    if T == 0:
+        return (torch.empty((0, cols), dtype=torch.int32, device=x.device),
+                torch.empty((0, cols), dtype=torch.float32, device=x.device))
+    x = x if x.stride(1) == 1 else x.contiguous()
+    gate_weight = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
+    cfg = router_launch(T, H, E, x.device, splits, precision)
+    if cfg.splits > 1:
+        part = torch.empty((cfg.splits, T, E), dtype=torch.float32, device=x.device)
+        _launch_logits(x, gate_weight, cfg, part)
+        return route_from_logits(part, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)
     ids = torch.empty((T, cols), dtype=torch.int32, device=x.device)
     ws = torch.empty((T, cols), dtype=torch.float32, device=x.device)
-    if T == 0:
-        return ids, ws
-    _router_topk_kernel[(T,)](
-        logits, bias, ids, ws, E, float(routed_scaling_factor),
-        E_P2=triton.next_power_of_2(E), TOPK=top_k, OUT_COLS=cols, OUT_P2=triton.next_power_of_2(cols + 1),
-        HAS_BIAS=e_score_correction_bias is not None, SHARED=shared_expert, num_warps=1 if E <= 256 else 4,
-    )
+    _launch_logits(x, gate_weight, cfg, (ids, ws), e_score_correction_bias, top_k, routed_scaling_factor,
+                   shared_expert)
     return ids, ws
+
+
+def moe_router_logits_triton(x: torch.Tensor, gate_weight: torch.Tensor, splits: Optional[int] = 1,
+                             precision: str = "tf32x3") -> torch.Tensor:
+    """The kernel's [T, E] fp32 logits alone (tests, A/B): `_router_logits_kernel` into a [splits, T, E] partial
+    buffer; splits = 1 gives exactly the logits the fused epilogue routes, splits > 1 their torch sum over splits
+    (within rounding of `_router_topk_kernel`'s in-order sum)."""
+    T, H = x.shape
+    E = gate_weight.shape[0]
+    cfg = router_launch(max(T, 1), H, E, x.device, splits, precision)
+    part = torch.zeros((cfg.splits, T, E), dtype=torch.float32, device=x.device)
+    if T:
+        _launch_logits(x if x.stride(1) == 1 else x.contiguous(), gate_weight.contiguous(), cfg, part)
+    return part.sum(0) if cfg.splits > 1 else part[0]
+
+
+def _launch_logits(x: torch.Tensor, gate_weight: torch.Tensor, cfg: RouterLaunch, out, bias=None, top_k: int = 1,
+                   scaling: float = 1.0, shared: bool = False) -> None:
+    """One `_router_logits_kernel` launch. out = (ids, weights): fused routing (cfg.splits must be 1); out = a
+    [splits, T, E] fp32 tensor: the partial logits (bias, top_k, scaling, shared unused)."""
+    T, H = x.shape
+    E = gate_weight.shape[0]
+    fused = isinstance(out, tuple)
+    if cfg.precision == "bf16x3w" and x.dtype != torch.bfloat16:
+        raise ValueError(f"router precision 'bf16x3w' multiplies bf16 x as stored; x is {x.dtype} (use 'tf32x3')")
+    assert not fused or cfg.splits == 1
+    part, (ids, ws) = (None, out) if fused else (out, (out, out))
+    _router_logits_kernel[(triton.cdiv(T, cfg.block_t), cfg.splits)](
+        x, gate_weight, _bias(bias, E, gate_weight), part if part is not None else ws, ids, ws,
+        T, H, E, x.stride(0), gate_weight.stride(0), cfg.k_chunk, float(scaling),
+        BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, E_P2=cfg.e_p2, EVEN_K=H % cfg.block_k == 0,
+        PRECISION=cfg.precision, INTERPRET=interpreting(), FUSED=fused, TOPK=top_k, OUT_COLS=top_k + int(shared),
+        OUT_P2=triton.next_power_of_2(top_k + int(shared)),
+        HAS_BIAS=fused and bias is not None, SHARED=shared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
 
 
 def moe_router_ref(

@@ -1,0 +1,161 @@
+"""MoE router A/B at one TP4 rank of MiniMax-M3 (H 6144, E 128 routed experts, top-4 + the shared column, bf16 x,
+fp32 router weight and bias as the layer stores them). A script, not a test:
+
+    PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --out moe_router_ab.json [--time-budget-s 90]  # H200, <100 s
+    PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --smoke   # CPU: Triton interpreter, tiny shapes, checks only
+
+Variants per T in {1, 32, 128, 8192}:
+  "today"   the previous path: logits = x.float() @ W^T in torch (IEEE fp32, TF32 off: a cuBLAS fp32 GEMM plus the
+            fp32 copy of x) then the routing epilogue kernel on them (`route_from_logits` on [1, T, E]);
+  "triton"  `moe_router_triton` as dispatched: x read in bf16, 3xTF32 tl.dot, epilogue fused (prefill) or split K +
+            `_router_topk_kernel` (decode); the "cfg" column is the launch (BLOCK_T/BLOCK_K/splits);
+  "bf16x3w" the same kernel with precision="bf16x3w" (bf16 x as stored times W split into three bf16 parts: three
+            bf16 MMAs instead of 3xTF32's three TF32 ones; the candidate default for bf16 x if it is faster at the
+            same error);
+  "unsplit" (T <= 128 only) "triton" forced to one split, to show what the split-K buys at decode.
+READ: "triton" must beat "today" at every T with logit rel err ~1e-7..1e-6 and ids=f64 equal to today's count (or
+off by a near-tie); "bf16x3w" may become the bf16 default if it is faster with no larger error.
+Checks, on fresh random data per T (x ~ N(0,1), W ~ N(0, 1/H) so logits ~ N(0,1), bias ~ N(0, 0.1^2)): the logits'
+relative error against a float64 reference (today: the torch fp32 logits; triton: the kernel's own logits via
+`moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4 (stable, lower id
+on ties) and the routed weights' relative error against float64 weights for each variant's own ids. Timing
+(gpu_bench_common): CUDA-graph replay over R (x, W, bias) sets totalling >= 4x the L2 (each of the 57 MoE layers has
+its own W, so W is not L2-resident in a real step), median per-call us; GB/s over x + W + outputs, % of the copy
+bandwidth measured in this run; TFLOP/s = 2 T H E / t. A variant that fails prints a row saying so.
+SYNTHETIC DATA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+if "--smoke" in sys.argv:  # before triton is imported: the CPU interpreter runs the kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, ".")
+from benchmarks.gpu_bench_common import L2_BYTES, measure_copy_bandwidth, rel_err, time_graph_us  # noqa: E402
+from ladle.kernels.moe_router import (moe_router_logits_triton, moe_router_triton, route_from_logits,  # noqa: E402
+                                      router_launch, router_logits)
+
+FULL = dict(h=6144, e=128, k=4, tokens=(8192, 1, 32, 128), device="cuda")  # prefill first: the budget cuts last
+SMOKE = dict(h=256, e=12, k=4, tokens=(1, 17), device="cpu")
+ROWS: list[dict] = []
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
+    g = torch.Generator(device=s["device"]).manual_seed(seed)
+    dev, h, e = s["device"], s["h"], s["e"]
+    return [(torch.randn(T, h, generator=g, device=dev).bfloat16(),
+             torch.randn(e, h, generator=g, device=dev) / math.sqrt(h),
+             torch.randn(e, generator=g, device=dev) * 0.1) for _ in range(R)]
+
+
+def variants(T: int) -> list[tuple[str, int | None, str]]:
+    """(name, splits, precision) per T: splits None = the launch rule; "today" is the torch-logits path."""
+    out = [("today", None, ""), ("triton", None, "tf32x3"), ("bf16x3w", None, "bf16x3w")]
+    return out + [("unsplit", 1, "tf32x3")] if T <= 128 else out
+
+
+def call(name: str, splits, prec, x, w, b, k):
+    if name == "today":
+        return route_from_logits(router_logits(x, w)[None], b, k, 2.0, shared_expert=True)
+    return moe_router_triton(x, w, b, k, 2.0, shared_expert=True, splits=splits, precision=prec)
+
+
+def check(name: str, splits, prec, x, w, b, k) -> dict:
+    """Errors of one call against float64 (module doc)."""
+    l64 = x.double() @ w.double().T
+    logits = (router_logits(x, w) if name == "today"
+              else moe_router_logits_triton(x, w, splits=splits, precision=prec))
+    ids, wts = call(name, splits, prec, x, w, b, k)
+    choice = torch.sigmoid(l64) + b.double()
+    rids = torch.sort(choice, dim=1, descending=True, stable=True).indices[:, :k]
+    sig = torch.sigmoid(l64).gather(1, ids[:, :k].long())
+    w64 = sig / sig.sum(1, keepdim=True) * 2.0
+    shared_ok = bool((ids[:, k] == w.shape[0]).all() and (wts[:, k] == 1.0).all())
+    return dict(logit_rel_err=rel_err(logits, l64), ids_agree=int((ids[:, :k].long() == rids).all(1).sum()),
+                weight_rel_err=rel_err(wts[:, :k], w64), shared_ok=shared_ok, ids=ids)
+
+
+def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
+    per_set = T * s["h"] * 2 + s["e"] * s["h"] * 4
+    R = 1 if smoke else max(1, min(64, math.ceil(4 * L2_BYTES / per_set)))
+    sets = make_sets(s, T, R, seed=T)
+    x, w, b = sets[0]
+    base_us, base_ids = None, None
+    for name, splits, prec in variants(T):
+        cfg = router_launch(T, s["h"], s["e"], x.device, splits, prec or "tf32x3")
+        row = dict(variant=name, T=T, H=s["h"], E=s["e"], R=R,
+                   cfg="torch" if name == "today" else f"{cfg.block_t}/{cfg.block_k}/{cfg.splits}")
+        if time.time() > deadline:
+            ROWS.append(dict(row, error="skipped: time budget"))
+            log(json.dumps(ROWS[-1]))
+            continue
+        try:
+            row.update(check(name, splits, prec, x, w, b, s["k"]))
+            ids = row.pop("ids")
+            base_ids = ids if name == "today" else base_ids
+            row["ids_agree_today"] = -1 if base_ids is None else int((ids == base_ids).all(1).sum())
+            if not smoke:
+                us = time_graph_us([lambda xs=xs: call(name, splits, prec, *xs, s["k"]) for xs in sets])
+                base_us = us if name == "today" else base_us
+                nbytes = per_set + T * (s["k"] + 1) * 8
+                row.update(us=us, tflops=2 * T * s["h"] * s["e"] / (us * 1e-6) / 1e12,
+                           pct_bw=100 * nbytes / (us * 1e-6) / 1e9 / bw, speedup=base_us / us if base_us else float("nan"))
+        except Exception as exc:  # a failing variant is a row, never the end of the run
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        ROWS.append(row)
+        log(json.dumps(row))
+
+
+def print_table() -> None:
+    hdr = (f"{'variant':<8} {'T':>5} {'cfg BT/BK/S':<12} {'us':>8} {'TFLOP/s':>8} {'%BW':>6} {'x today':>7} "
+           f"{'logit rel':>9} {'ids=f64':>8} {'ids=today':>9} {'w rel':>8}")
+    log("\n" + hdr + "\n" + "-" * len(hdr))
+    for r in sorted(ROWS, key=lambda r: r["T"]):
+        head = f"{r['variant']:<8} {r['T']:>5} {r['cfg']:<12}"
+        if "error" in r:
+            log(f"{head} FAILED/SKIPPED: {r['error']}")
+            continue
+        timing = (f"{r['us']:>8.1f} {r['tflops']:>8.2f} {r['pct_bw']:>6.1f} {r['speedup']:>7.2f}" if "us" in r
+                  else f"{'-':>8} {'-':>8} {'-':>6} {'-':>7}")
+        log(f"{head} {timing} {r['logit_rel_err']:>9.1e} {r['ids_agree']:>4}/{r['T']:<3} {r['ids_agree_today']:>5}/"
+            f"{r['T']:<3} {r['weight_rel_err']:>8.1e}" + ("" if r["shared_ok"] else "  SHARED COLUMN WRONG"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="moe_router_ab.json")
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, checks only (no timing)")
+    ap.add_argument("--time-budget-s", type=float, default=90.0, help="skip the remaining variants after this")
+    args = ap.parse_args()
+    s = SMOKE if args.smoke else FULL
+    t0 = time.time()
+    deadline = t0 + args.time_budget_s
+    bw, dev = 0.0, "cpu (Triton interpreter)"
+    if not args.smoke:
+        dev, bw = torch.cuda.get_device_name(), measure_copy_bandwidth()
+    log(f"device {dev}: copy {bw:.0f} GB/s")
+    for T in s["tokens"]:
+        run_T(s, T, bw, deadline, args.smoke)
+        if not args.smoke:
+            torch.cuda.empty_cache()
+    log(f"all done {time.time() - t0:.0f}s")
+    with open(args.out, "w") as f:
+        json.dump(dict(device=dev, copy_gbps=bw, synthetic=True, rows=ROWS), f, indent=1)
+    print_table()
+
+
+if __name__ == "__main__":
+    main()
