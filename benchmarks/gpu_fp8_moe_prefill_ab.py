@@ -1,6 +1,6 @@
 """FP8 block-scaled fused MoE at prefill sizes: today's K loop vs the options of ladle/kernels/fused_moe_fp8.py
-(`Fp8MoEOptions`: gate+up as one interleaved [BK, 2*BN1] dot, 2 K steps per iteration, a register cap for more CTAs
-per SM) at a few tiles. A script, not a test:
+(`Fp8MoEOptions`: gate+up as one interleaved [BK, 2*BN1] dot, 2 K steps per iteration, a register cap, one weight
+scale per 128-row block) at a few tiles. A script, not a test:
 
     PYTHONPATH=. python3 benchmarks/gpu_fp8_moe_prefill_ab.py --out fp8_moe_prefill_ab.json   # H200, ~60-100 s
     python3 benchmarks/gpu_fp8_moe_prefill_ab.py --smoke     # CPU: Triton interpreter, tiny shapes, errors only
@@ -17,10 +17,12 @@ same inputs (relative error of the [M, H] output, printed per row), then CUDA-gr
 options for that M). Round 3 (benchmarks/results/round3/fp8_tiles.txt): the op at M = 8192, today's prefill tile,
 4133 us (281 TF/s).
 READ: a variant is a candidate when its rel_err matches today's (~1e-2 or less: bf16 intermediate and output, fp8
-activations) and its op time is lower at both prefill sizes; the script prints the FP8_MOE_OPTIONS / MOE_TILES rows
-of the best one. A variant that fails to compile or is wrong prints a row saying so; the others still run. --smoke's rel_err is
-about 1e-2 for every row, today's included: the interpreter truncates the bf16 intermediate and output where the
-reference rounds to nearest (ladle/kernels/_common.py `round_to`); on the H200 round 3 measured 4.4e-3 at M = 8192.
+activations) and its op time is lower at both prefill sizes; the script prints the tile and options of the best one
+(for MOE_TILES["fp8"] and FP8_MOE_OPTIONS). "block" rows hold only for block-uniform scales (128x128-block
+checkpoints, as this data; not MXFP8). A variant that fails to compile or is wrong prints a row saying so; the
+others still run. --smoke's rel_err is about 1e-2 for every row, today's included: the interpreter truncates the bf16
+intermediate and output where the reference rounds to nearest (ladle/kernels/_common.py `round_to`); the H200
+measured 4.4e-3 at M = 8192 (round 3).
 Compilation dominates the wall time: about 20 kernels; --time-budget-s skips the variants left when it runs out.
 """
 
@@ -40,26 +42,31 @@ import torch  # noqa: E402
 
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import rel_err  # noqa: E402
-from benchmarks.gpu_quant_suite import SMOKE, Shapes, moe_inputs, per_expert  # noqa: E402
+from benchmarks.gpu_quant_suite import Shapes, moe_inputs, per_expert  # noqa: E402
 from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows  # noqa: E402
 from ladle.kernels.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, select_config  # noqa: E402
 from ladle.kernels.fused_moe_fp8 import (Fp8MoEOptions, fp8_moe_gemm1, fp8_moe_gemm2, fp8_moe_plan,  # noqa: E402
                                          fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
 
+SMOKE = Shapes(hid=256, i=128, e=8, k_routed=2, device="cpu")  # I = 128: the block-scale rows run too
 T3 = MoETileConfig(64, 64, 128, 64, 4, 3)  # today's prefill tile at 3 stages: the smem of 3 CTAs per SM
-# (name, tile or None = the table's for M, options or None = the table's): prefill rows; decode rows keep the tile
+W8 = MoETileConfig(64, 64, 128, 64, 8, 3)  # 8 warps at BM 64: with block scales ~120 registers, 2 CTAs per SM
+GU_BLOCK = Fp8MoEOptions(gu_dot=True, block_scales=True)
+# (name, tile or None = the table's for M, options or None = the table's), in the order the time budget keeps them
 PREFILL = (
     ("today", None, None),
-    ("today s3 regs168", T3, Fp8MoEOptions(max_regs=168)),
+    ("gu block w8", W8, GU_BLOCK),
     ("gu", T3, Fp8MoEOptions(gu_dot=True)),
+    ("block w8", W8, Fp8MoEOptions(block_scales=True)),
     ("gu regs168", T3, Fp8MoEOptions(gu_dot=True, max_regs=168)),
-    ("gu unroll2 s2", MoETileConfig(64, 64, 128, 64, 4, 2), Fp8MoEOptions(gu_dot=True, k_unroll=2)),
-    ("gu bm128 w8", MoETileConfig(128, 64, 128, 64, 8, 3), Fp8MoEOptions(gu_dot=True)),
+    ("gu unroll2 block w8", MoETileConfig(64, 64, 128, 64, 8, 2), Fp8MoEOptions(gu_dot=True, k_unroll=2,
+                                                                                 block_scales=True)),
+    ("gu block bm128 w8", MoETileConfig(128, 64, 128, 64, 8, 3), GU_BLOCK),
 )
-DECODE = (
+DECODE = (  # the decode tile (BN1 32, BN2 64) with each option
     ("today", None, None),
     ("gu", None, Fp8MoEOptions(gu_dot=True)),
-    ("gu unroll2", None, Fp8MoEOptions(gu_dot=True, k_unroll=2)),
+    ("gu block", None, GU_BLOCK),
 )
 
 
@@ -92,7 +99,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us):
     options = opt or select_options(m)
     row = {"variant": name, "M": m, "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},"
            f"s{tile.num_stages}", "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} "
-           f"regs={options.max_regs or '-'}"}
+           f"regs={options.max_regs or '-'} block={int(options.block_scales)}"}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt)
@@ -133,7 +140,7 @@ def fmt(row, base):
         ok = base and isinstance(row.get(key), float) and isinstance(base.get(key), float) and row[key] > 0
         return f"{base[key] / row[key]:.2f}x" if ok else "-"
 
-    return (f"{row['variant']:<18} {row['M']:>5} {row['tile']:<18} {row['options']:<22} {num('us', '9.1f'):>9} "
+    return (f"{row['variant']:<20} {row['M']:>5} {row['tile']:<18} {row['options']:<30} {num('us', '9.1f'):>9} "
             f"{num('TF/s', '6.0f'):>6} {num('us_g1', '9.1f'):>9} {num('TF/s_g1', '6.0f'):>6} {num('us_g2', '9.1f'):>9} "
             f"{num('TF/s_g2', '6.0f'):>6} {num('rel_err', '8.1e'):>8} {speed('us'):>6} {speed('us_g1'):>6} "
             f"{speed('us_g2'):>6} {row.get('error', '')}")
@@ -174,7 +181,7 @@ def main(argv=None):
             save(args.out, shapes, rows)
     print(f"\nH {shapes.hid} I {shapes.i} E {shapes.e}+1 top-{shapes.k_routed}+shared, 128-group FP8; CUDA-graph us "
           f"per call; speed-up vs today (op, gemm1, gemm2); wall {time.time() - start:.0f} s")
-    print(f"{'variant':<18} {'M':>5} {'tile BM,BN1,BN2':<18} {'options':<22} {'op us':>9} {'TF/s':>6} {'gemm1 us':>9} "
+    print(f"{'variant':<20} {'M':>5} {'tile BM,BN1,BN2':<18} {'options':<30} {'op us':>9} {'TF/s':>6} {'gemm1 us':>9} "
           f"{'TF/s':>6} {'gemm2 us':>9} {'TF/s':>6} {'rel_err':>8} {'op':>6} {'g1':>6} {'g2':>6}")
     for row in rows:
         base = next((r for r in rows if r["M"] == row["M"] and r["variant"] == "today"), None)

@@ -22,7 +22,15 @@ change how much work each such step carries and how many CTAs share an SM to hid
             with reshape [BM, BN1, 2] + split (a register-local split of the MMA layout's column pairs);
   k_unroll  2 K steps per loop iteration (half the loop's barriers; an odd tail loads zeros);
   max_regs  Triton's maxnreg: the round-3 prefill kernel compiles to 255 registers per thread (ptxas, sm_90a),
-            which allows 2 CTAs of 4 warps per SM (1 of 8 warps: why BM 128 / 8 warps lost the round-3 sweep).
+            which allows 2 CTAs of 4 warps per SM (1 of 8 warps: why BM 128 / 8 warps lost the round-3 sweep);
+  block_scales  one gate and one up weight scale per K step (row 0 of the tile's 128-row blocks, two scalar loads)
+            instead of a [BN] vector of scales per step: the per-column scale pointers and the loads staged ahead
+            cost about 60 registers per thread. Exact only when the row-expanded scales are equal over each 128-row
+            block (128x128-block checkpoints and `quantize_fp8_rows`; not MXFP8, refused there) and the tiles do not
+            cross a block (BN1, BN2 dividing 128, I a multiple of 128; refused otherwise). The caller states it:
+            wiring the fact from the loaders (ladle/quant/fp8_moe.py) to the table is for when the A/B picks it.
+            ptxas (sm_90a, offline) for BM 64 / 8 warps / 3 stages: GEMM 1 gate+up 168 -> 120 registers, GEMM 2
+            (BN2 128) 172 -> 124, so 2 CTAs (16 warps) per SM instead of 1.
 EVEN_K (K a multiple of BK * k_unroll, true for M3) drops the K masks of the loads.
 The reference `fused_moe_fp8_ref` dequantizes both operands at the same points (x and the intermediate quantized
 by `act_quant_ref`) and runs the per-expert math of `fused_moe_ref`, so it differs from the kernel only by
@@ -53,11 +61,14 @@ class Fp8MoEOptions:
     """K-loop and launch options of both FP8 GEMMs (module doc "K loop"): gu_dot runs GEMM 1's gate and up tiles as
     one [BK, 2*BN1] dot (weight columns interleaved gate / up per output column); k_unroll (1 or 2) K steps per loop
     iteration; max_regs caps the registers per thread (Triton's `maxnreg`, None: the compiler's choice) so that
-    more CTAs fit on an SM."""
+    more CTAs fit on an SM; block_scales: the caller states that the row-expanded fp32 weight scales are equal over
+    every 128-row block (128x128-block checkpoints, `quantize_fp8_rows`), so a tile reads one gate and one up scale
+    per K step instead of a scale per column (module doc; refused for E8M0 scales and tiles that cross a block)."""
 
     gu_dot: bool = False
     k_unroll: int = 1
     max_regs: Optional[int] = None
+    block_scales: bool = False
 
     def __post_init__(self):
         if self.k_unroll not in (1, 2):
@@ -86,17 +97,32 @@ def _act_step(a_ptrs, as_ptrs, kb, row_ok, offs_k, K, BK: tl.constexpr, EVEN_K: 
 
 
 @triton.jit
-def _weight_step(a, a_s, w_ptrs, ws_ptrs, kb, col_ok, offs_k, K, acc, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                 E8M0: tl.constexpr, F32_DOT: tl.constexpr):
-    """acc + one promoted K step (fp8_dot_step) of a against the weight tile w_ptrs [BK, cols] at step kb, whose
-    scales are ws_ptrs [cols] + kb. Past K (an odd tail of k_unroll 2) the tiles load as zeros and add nothing."""
+def _weight_scale(ws_ptrs, blk_g, blk_u, up_col, kb, col_ok, K, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                  E8M0: tl.constexpr, BLOCK_SCALES: tl.constexpr):
+    """Weight scales [cols] fp32 of K step kb: per row from ws_ptrs [cols] + kb, or (BLOCK_SCALES: the row-expanded
+    scales are equal over each 128-row block and the tile lies in one gate and one up block) two scalars, read at
+    row 0 of the tile's gate block (blk_g + kb) and of its up block (blk_u + kb), placed by up_col [cols].
+    Past K: 0, or 1 for E8M0."""
+    if BLOCK_SCALES:
+        in_k = kb * BK < K
+        w_s = tl.where(up_col, tl.load(blk_u + kb, mask=in_k, other=0.0), tl.load(blk_g + kb, mask=in_k, other=0.0))
+    elif EVEN_K:
+        w_s = load_weight_scale(ws_ptrs + kb, col_ok, E8M0)
+    else:
+        w_s = load_weight_scale(ws_ptrs + kb, col_ok & (kb * BK < K), E8M0)
+    return w_s
+
+
+@triton.jit
+def _weight_step(a, a_s, w_ptrs, w_s, kb, col_ok, offs_k, K, acc, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                 F32_DOT: tl.constexpr):
+    """acc + one promoted K step (fp8_dot_step) of a against the weight tile w_ptrs [BK, cols] at step kb with its
+    scales w_s [cols]. Past K (an odd tail of k_unroll 2) the tile loads as zeros and adds nothing."""
     if EVEN_K:
         w = tl.load(w_ptrs + kb * BK, mask=col_ok[None, :], other=0.0)
-        s_ok = col_ok
     else:
         w = tl.load(w_ptrs + kb * BK, mask=col_ok[None, :] & (offs_k + kb * BK < K)[:, None], other=0.0)
-        s_ok = col_ok & (kb * BK < K)
-    return fp8_dot_step(a, a_s, w, load_weight_scale(ws_ptrs + kb, s_ok, E8M0), acc, F32_DOT)
+    return fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT)
 
 
 @triton.jit
@@ -104,7 +130,7 @@ def _fp8_gemm1_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
     numel, topk_cols, N_HALF, K, num_kb, num_akb, stride_we, stride_wse, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
-    GU_DOT: tl.constexpr, K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr,
+    GU_DOT: tl.constexpr, K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -114,9 +140,11 @@ def _fp8_gemm1_kernel(
     offs_k = tl.arange(0, BK)
     if GU_DOT:  # weight column 2j: gate row offs_n[j], 2j + 1: up row N_HALF + offs_n[j]
         n_j = tl.reshape(tl.join(offs_n, offs_n), [2 * BN])
-        rows = n_j.to(tl.int64) + (tl.arange(0, 2 * BN) % 2).to(tl.int64) * N_HALF
+        up_col = tl.arange(0, 2 * BN) % 2 == 1
+        rows = n_j.to(tl.int64) + up_col.to(tl.int64) * N_HALF
         cols_ok = n_j < N_HALF
     else:  # gate rows; the up tile is N_HALF rows further
+        up_col = tl.arange(0, BN) < 0
         rows = offs_n.to(tl.int64)
         cols_ok = n_ok
     a_ptrs = a_ptr + tok[:, None] * K + offs_k[None, :]
@@ -124,15 +152,19 @@ def _fp8_gemm1_kernel(
     w_ptrs = w_ptr + e * stride_we + rows[None, :] * K + offs_k[:, None]  # [BK, BN or 2 BN]
     ws_ptrs = ws_ptr + e * stride_wse + rows * num_kb
     up, up_s = N_HALF.to(tl.int64) * K, N_HALF.to(tl.int64) * num_kb
+    blk = ws_ptr + e * stride_wse + (tl.min(offs_n, 0) // 128 * 128).to(tl.int64) * num_kb  # its block's row 0
     acc = tl.zeros([BM, 2 * BN if GU_DOT else BN], tl.float32)
     acc_u = tl.zeros([BM, BN], tl.float32)
     for kb0 in range(0, num_kb, K_UNROLL):
         for j in tl.static_range(K_UNROLL):
             a, a_s = _act_step(a_ptrs, as_ptrs, kb0 + j, row_ok, offs_k, K, BK, EVEN_K)
-            acc = _weight_step(a, a_s, w_ptrs, ws_ptrs, kb0 + j, cols_ok, offs_k, K, acc, BK, EVEN_K, E8M0, F32_DOT)
+            kb = kb0 + j
+            w_s = _weight_scale(ws_ptrs, blk, blk + up_s, up_col, kb, cols_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
+            acc = _weight_step(a, a_s, w_ptrs, w_s, kb, cols_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
             if not GU_DOT:
-                acc_u = _weight_step(a, a_s, w_ptrs + up, ws_ptrs + up_s, kb0 + j, cols_ok, offs_k, K, acc_u, BK,
-                                     EVEN_K, E8M0, F32_DOT)
+                u_s = _weight_scale(ws_ptrs + up_s, blk + up_s, blk, up_col, kb, cols_ok, K, BK, EVEN_K, E8M0,
+                                    BLOCK_SCALES)
+                acc_u = _weight_step(a, a_s, w_ptrs + up, u_s, kb, cols_ok, offs_k, K, acc_u, BK, EVEN_K, F32_DOT)
     if GU_DOT:
         acc_g, acc_u = tl.split(tl.reshape(acc, [BM, BN, 2]))
     else:
@@ -145,7 +177,7 @@ def _fp8_gemm2_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K, num_kb, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
-    K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr,
+    K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -157,11 +189,14 @@ def _fp8_gemm2_kernel(
     as_ptrs = as_ptr + rows * num_akb
     b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # [BK, BN]
     bs_ptrs = ws_ptr + e * stride_wse + offs_n.to(tl.int64) * num_kb
+    blk = ws_ptr + e * stride_wse + (tl.min(offs_n, 0) // 128 * 128).to(tl.int64) * num_kb  # its block's row 0
+    up_col = tl.arange(0, BN) < 0
     acc = tl.zeros([BM, BN], tl.float32)
     for kb0 in range(0, num_kb, K_UNROLL):
         for j in tl.static_range(K_UNROLL):
             a, a_s = _act_step(a_ptrs, as_ptrs, kb0 + j, row_ok, offs_k, K, BK, EVEN_K)
-            acc = _weight_step(a, a_s, b_ptrs, bs_ptrs, kb0 + j, n_ok, offs_k, K, acc, BK, EVEN_K, E8M0, F32_DOT)
+            w_s = _weight_scale(bs_ptrs, blk, blk, up_col, kb0 + j, n_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
+            acc = _weight_step(a, a_s, b_ptrs, w_s, kb0 + j, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
     out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out, acc * wt[:, None], mask=row_ok[:, None] & n_ok[None, :])
@@ -210,7 +245,11 @@ def fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config
     k = check_routing(topk_ids, topk_weights, T)
     g, e8m0 = weight_group(w13_scale), w13_scale.dtype == torch.uint8
     cfg, (bn1, bn2, _, _), align = moe_launch_plan(topk_ids, E, H, I, config, g, "mxfp8" if e8m0 else "fp8")
-    return Fp8MoEPlan(cfg, options or select_options(T), bn1, bn2, g, e8m0, *align, T, k)
+    opt = options or select_options(T)
+    if opt.block_scales and (e8m0 or 128 % bn1 or 128 % bn2 or I % 128):
+        raise ValueError(f"block_scales needs fp32 128-group scales, BN1 {bn1} and BN2 {bn2} dividing 128 and I {I} a "
+                         f"multiple of 128 (got {'E8M0' if e8m0 else 'fp32'} scales); ladle offers block_scales=False")
+    return Fp8MoEPlan(cfg, opt, bn1, bn2, g, e8m0, *align, T, k)
 
 
 def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
@@ -224,7 +263,8 @@ def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: t
         a_q, a_s, w13, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H, triton.cdiv(H, g),
         a_s.shape[1], w13.stride(0), w13_scale.stride(0), float(alpha), float(limit),
         BM=bm, BN=bn1, BK=g, E8M0=e8m0, F32_DOT=interpreting(), GU_DOT=opt.gu_dot, K_UNROLL=opt.k_unroll,
-        EVEN_K=H % (g * opt.k_unroll) == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
+        EVEN_K=H % (g * opt.k_unroll) == 0, BLOCK_SCALES=opt.block_scales,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
     return inter
 
 
@@ -239,7 +279,8 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
         i_q, i_s, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
         triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0),
         BM=bm, BN=bn2, BK=g, E8M0=e8m0, F32_DOT=interpreting(), K_UNROLL=opt.k_unroll,
-        EVEN_K=I % (g * opt.k_unroll) == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
+        EVEN_K=I % (g * opt.k_unroll) == 0, BLOCK_SCALES=opt.block_scales,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
     return out_slots
 
 

@@ -60,12 +60,39 @@ def test_mxfp8_options_match_reference():
         assert _rel(out, ref) < 2e-3, opt
 
 
+@pytest.mark.parametrize("opt", [Fp8MoEOptions(block_scales=True), Fp8MoEOptions(gu_dot=True, block_scales=True),
+                                 Fp8MoEOptions(gu_dot=True, k_unroll=2, block_scales=True)],
+                         ids=["block", "gu_block", "gu_unroll2_block"])
+def test_block_scales_match_reference(opt):
+    """`quantize_fp8_rows` (128x128 blocks, rows expanded) gives block-uniform scales; I = 256: two blocks of gate
+    rows, two of up rows, BN1 32 and BN2 64 tiles inside them; H = 300 ragged (3 K steps)."""
+    x, tabs, ids, wts = _case(19, 300, 256, 5, 2, quantize_fp8_rows, seed=3)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=MoETileConfig(16, 32, 64, 128, 4, 2), options=opt)
+    assert _rel(out, fused_moe_fp8_ref(x, *tabs, ids, wts)) < 2e-3
+
+
+def test_block_scales_read_one_scale_per_block():
+    """Scales that differ inside a 128-row block are outside block_scales' contract: the kernel then uses the
+    block's first row, so changing any other row's scale changes nothing (and the per-row default sees it)."""
+    x, tabs, ids, wts = _case(9, 128, 128, 3, 2, quantize_fp8_rows, seed=5)
+    opt, cfg = Fp8MoEOptions(block_scales=True), MoETileConfig(16, 32, 64, 128, 4, 2)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=opt)
+    tabs[1][:, 1:128] *= 2.0  # gate rows 1..127 of every expert (row 0 holds the block's scale)
+    assert torch.equal(fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=opt), out)
+    assert _rel(fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg), out) > 1e-2
+
+
 def test_options_refuse_what_the_kernels_do_not_offer():
     with pytest.raises(ValueError, match="k_unroll 4"):
         Fp8MoEOptions(k_unroll=4)
     for regs in (40, 100, 256):
         with pytest.raises(ValueError, match=f"max_regs {regs}"):
             Fp8MoEOptions(max_regs=regs)
+    block, cfg = Fp8MoEOptions(block_scales=True), MoETileConfig(16, 32, 64, 32, 4, 2)
+    for quantize, I in ((quantize_mxfp8, 128), (quantize_fp8_rows, 96)):  # E8M0 scales; I not a multiple of 128
+        x, tabs, ids, wts = _case(5, 64, I, 3, 2, quantize, seed=2)
+        with pytest.raises(ValueError, match="ladle offers block_scales=False"):
+            fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=block)
 
 
 def test_the_options_table_row_is_what_the_launcher_runs(monkeypatch):
