@@ -20,7 +20,8 @@ change how much work each such step carries and how many CTAs share an SM to hid
             gate row n_j and 2j + 1 up row I + n_j, gathered by the load's row pointers (the stored w13 layout is
             unchanged, so loaders and reference need nothing); the epilogue splits the [BM, 2*BN1] accumulator
             with reshape [BM, BN1, 2] + split (a register-local split of the MMA layout's column pairs);
-  k_unroll  2 K steps per loop iteration (half the loop's barriers; an odd tail loads zeros);
+  k_unroll  2 K steps per loop iteration (half the loop's barriers; an odd tail loads zeros; each dot still waits
+            at once, the rule above holds inside the unrolled body too);
   max_regs  Triton's maxnreg: the round-3 prefill kernel compiles to 255 registers per thread (ptxas, sm_90a),
             which allows 2 CTAs of 4 warps per SM (1 of 8 warps: why BM 128 / 8 warps lost the round-3 sweep);
   block_scales  one gate and one up weight scale per K step (row 0 of the tile's 128-row blocks, two scalar loads)
