@@ -4,6 +4,7 @@ scale per 128-row block) at a few tiles. A script, not a test:
 
     PYTHONPATH=. python3 benchmarks/gpu_fp8_moe_prefill_ab.py --out fp8_moe_prefill_ab.json   # H200, ~60-100 s
     python3 benchmarks/gpu_fp8_moe_prefill_ab.py --smoke     # CPU: Triton interpreter, tiny shapes, errors only
+    (--mxfp8: also the MXFP8 tables at M = 8192: today, gu, gu regs168; about 6 more kernels to compile)
 
 Shapes: one TP4 rank of MiniMax-M3 (H 6144, I 768, 128 routed experts + the shared row 128, top-4 + shared = 5 slots
 per token), 128-group fp32 weight scales (`quantize_fp8_rows`, as the FP8 checkpoints load); M = 8192 and 2048 tokens
@@ -23,7 +24,7 @@ checkpoints, as this data; not MXFP8). A variant that fails to compile or is wro
 others still run. --smoke's rel_err is about 1e-2 for every row, today's included: the interpreter truncates the bf16
 intermediate and output where the reference rounds to nearest (ladle/kernels/_common.py `round_to`); the H200
 measured 4.4e-3 at M = 8192 (round 3).
-Compilation dominates the wall time: about 20 kernels; --time-budget-s skips the variants left when it runs out.
+Compilation dominates the wall time: about 25 kernels; --time-budget-s (80) skips the variants left when it runs out.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch  # noqa: E402
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import rel_err  # noqa: E402
 from benchmarks.gpu_quant_suite import Shapes, moe_inputs, per_expert  # noqa: E402
-from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows  # noqa: E402
+from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows, quantize_mxfp8  # noqa: E402
 from ladle.kernels.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, select_config  # noqa: E402
 from ladle.kernels.fused_moe_fp8 import (Fp8MoEOptions, fp8_moe_gemm1, fp8_moe_gemm2, fp8_moe_plan,  # noqa: E402
                                          fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
@@ -58,10 +59,17 @@ PREFILL = (
     ("gu block w8", W8, GU_BLOCK),
     ("gu", T3, Fp8MoEOptions(gu_dot=True)),
     ("block w8", W8, Fp8MoEOptions(block_scales=True)),
+    ("gu block w8 s4", MoETileConfig(64, 64, 128, 64, 8, 4), GU_BLOCK),
     ("gu regs168", T3, Fp8MoEOptions(gu_dot=True, max_regs=168)),
     ("gu unroll2 block w8", MoETileConfig(64, 64, 128, 64, 8, 2), Fp8MoEOptions(gu_dot=True, k_unroll=2,
                                                                                  block_scales=True)),
     ("gu block bm128 w8", MoETileConfig(128, 64, 128, 64, 8, 3), GU_BLOCK),
+)
+MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
+MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
+    ("today", None, None),
+    ("gu", MX5, Fp8MoEOptions(gu_dot=True)),
+    ("gu regs168", MX5, Fp8MoEOptions(gu_dot=True, max_regs=168)),
 )
 DECODE = (  # the decode tile (BN1 32, BN2 64) with each option
     ("today", None, None),
@@ -70,14 +78,14 @@ DECODE = (  # the decode tile (BN1 32, BN2 64) with each option
 )
 
 
-def fp8_tables(shapes):
-    """w13 / w2 float weights (x 0.02, as gpu_quant_suite.moe_tables) quantized expert by expert to 128-group FP8:
-    (w13 [E+1, 2I, H] fp8, scales [E+1, 2I, H/128], w2 [E+1, H, I] fp8, scales [E+1, H, I/128])."""
+def fp8_tables(shapes, quantize=quantize_fp8_rows):
+    """w13 / w2 float weights (x 0.02, as gpu_quant_suite.moe_tables) quantized expert by expert (128-group FP8, or
+    MXFP8 with quantize_mxfp8): (w13 [E+1, 2I, H] fp8, its scales, w2 [E+1, H, I] fp8, its scales)."""
     dev, g = shapes.device, torch.Generator(device=shapes.device).manual_seed(0)
     out = []
     for rows, cols in ((2 * shapes.i, shapes.hid), (shapes.hid, shapes.i)):
         w = torch.randn(shapes.e + 1, rows, cols, device=dev, generator=g) * 0.02
-        out += per_expert(quantize_fp8_rows, w)
+        out += per_expert(quantize, w)
         del w
     return out
 
@@ -95,11 +103,13 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us):
     the smoke run, error only)."""
     xs, routes, ref = data
     slots = m * (shapes.k_routed + 1)
-    tile = cfg or select_config(m, "fp8")
+    family = "mxfp8" if tabs[1].dtype == torch.uint8 else "fp8"
+    tile = cfg or select_config(m, family)
     options = opt or select_options(m)
-    row = {"variant": name, "M": m, "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},"
-           f"s{tile.num_stages}", "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} "
-           f"regs={options.max_regs or '-'} block={int(options.block_scales)}"}
+    row = {"variant": name, "M": m, "format": family,
+           "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},s{tile.num_stages}",
+           "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
+                      f"block={int(options.block_scales)}"}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt)
@@ -140,52 +150,65 @@ def fmt(row, base):
         ok = base and isinstance(row.get(key), float) and isinstance(base.get(key), float) and row[key] > 0
         return f"{base[key] / row[key]:.2f}x" if ok else "-"
 
-    return (f"{row['variant']:<20} {row['M']:>5} {row['tile']:<18} {row['options']:<30} {num('us', '9.1f'):>9} "
+    return (f"{row['variant']:<20} {row.get('format', '-'):<6} {row['M']:>5} {row['tile']:<18} {row['options']:<30} "
+            f"{num('us', '9.1f'):>9} "
             f"{num('TF/s', '6.0f'):>6} {num('us_g1', '9.1f'):>9} {num('TF/s_g1', '6.0f'):>6} {num('us_g2', '9.1f'):>9} "
             f"{num('TF/s_g2', '6.0f'):>6} {num('rel_err', '8.1e'):>8} {speed('us'):>6} {speed('us_g1'):>6} "
             f"{speed('us_g2'):>6} {row.get('error', '')}")
 
 
+def today(rows, row):
+    """The "today" row of row's M and weight format (the speed-up base), or None."""
+    return next((r for r in rows if (r["M"], r.get("format"), r["variant"]) == (row["M"], row.get("format"), "today")),
+                None)
+
+
 def best_rows(rows):
-    """The fastest correct prefill variant per M (rel_err within 1.5x of today's), as paste-able table rows."""
-    for m in sorted({r["M"] for r in rows if r["M"] > 256}):
-        at_m = [r for r in rows if r["M"] == m and isinstance(r.get("us"), float)]
-        base = next((r for r in at_m if r["variant"] == "today"), None)
+    """The fastest correct prefill variant per (format, M) (rel_err within 1.5x of today's): its tile and options."""
+    for fam, m in sorted({(r.get("format"), r["M"]) for r in rows if r["M"] > 256 and r.get("format") != "-"}):
+        at_m = [r for r in rows if (r.get("format"), r["M"]) == (fam, m) and isinstance(r.get("us"), float)]
+        base = today(rows, {"M": m, "format": fam})
         ok = [r for r in at_m if base and r["rel_err"] <= 1.5 * base["rel_err"] + 1e-6]
         if ok:
             b = min(ok, key=lambda r: r["us"])
-            print(f"M={m}: best {b['variant']!r} {b['us']:.1f} us ({base['us'] / b['us']:.2f}x today): tile "
+            print(f"{fam} M={m}: best {b['variant']!r} {b['us']:.1f} us ({base['us'] / b['us']:.2f}x today): tile "
                   f"{b['tile']}, options {b['options']}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_moe_prefill_ab.json"))
-    ap.add_argument("--time-budget-s", type=float, default=85.0,
+    ap.add_argument("--time-budget-s", type=float, default=80.0,
                     help="skip the variants left after this wall time (not in --smoke)")
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
+    ap.add_argument("--mxfp8", action="store_true", help="also MXFP8 tables (E8M0 scales) at M = 8192 (or 12)")
     args = ap.parse_args(argv)
     start = time.time()
     shapes = SMOKE if args.smoke else Shapes()
     torch.manual_seed(0)
-    tabs, graph_us, rows = fp8_tables(shapes), timers(args.smoke), []
-    sizes = ((12, PREFILL), (4, DECODE)) if args.smoke else ((8192, PREFILL), (2048, PREFILL), (32, DECODE))
-    for m, variants in sizes:
+    graph_us, rows, fp8 = timers(args.smoke), [], fp8_tables(shapes)
+    big = 12 if args.smoke else 8192
+    sizes = [(big, PREFILL, fp8)] + ([] if args.smoke else [(2048, PREFILL, fp8)])
+    sizes.append((4 if args.smoke else 32, DECODE, fp8))
+    if args.mxfp8:
+        sizes.append((big, MXFP8, fp8_tables(shapes, quantize_mxfp8)))
+    for m, variants, tabs in sizes:
         xs, routes, _ = moe_inputs(shapes, m)
         ref = fused_moe_fp8_ref(xs[0], *tabs, *routes[0], compute_dtype=torch.float32)
         for name, cfg, opt in variants:
             if time.time() - start > args.time_budget_s and not args.smoke:
-                rows.append({"variant": name, "M": m, "tile": "-", "options": "-", "error": "skipped: time budget"})
+                rows.append({"variant": name, "M": m, "format": "-", "tile": "-", "options": "-",
+                             "error": "skipped: time budget"})
                 continue
             rows.append(run_variant(name, cfg, opt, m, (xs, routes, ref), tabs, shapes, graph_us))
             save(args.out, shapes, rows)
-    print(f"\nH {shapes.hid} I {shapes.i} E {shapes.e}+1 top-{shapes.k_routed}+shared, 128-group FP8; CUDA-graph us "
+    print(f"\nH {shapes.hid} I {shapes.i} E {shapes.e}+1 top-{shapes.k_routed}+shared; CUDA-graph us "
           f"per call; speed-up vs today (op, gemm1, gemm2); wall {time.time() - start:.0f} s")
-    print(f"{'variant':<20} {'M':>5} {'tile BM,BN1,BN2':<18} {'options':<30} {'op us':>9} {'TF/s':>6} {'gemm1 us':>9} "
+    print(f"{'variant':<20} {'format':<6} {'M':>5} {'tile BM,BN1,BN2':<18} {'options':<30} {'op us':>9} {'TF/s':>6} "
+          f"{'gemm1 us':>9} "
           f"{'TF/s':>6} {'gemm2 us':>9} {'TF/s':>6} {'rel_err':>8} {'op':>6} {'g1':>6} {'g2':>6}")
     for row in rows:
-        base = next((r for r in rows if r["M"] == row["M"] and r["variant"] == "today"), None)
-        print(fmt(row, base))
+        print(fmt(row, today(rows, row)))
     best_rows(rows)
     return 1 if any("error" in r and not r["error"].startswith("skipped") for r in rows) else 0
 
