@@ -158,8 +158,8 @@ def _fp8_gemm1_kernel(
     acc_u = tl.zeros([BM, BN], tl.float32)
     for kb0 in range(0, num_kb, K_UNROLL):
         for j in tl.static_range(K_UNROLL):
-            a, a_s = _act_step(a_ptrs, as_ptrs, kb0 + j, row_ok, offs_k, K, BK, EVEN_K)
             kb = kb0 + j
+            a, a_s = _act_step(a_ptrs, as_ptrs, kb, row_ok, offs_k, K, BK, EVEN_K)
             w_s = _weight_scale(ws_ptrs, blk, blk + up_s, up_col, kb, cols_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
             acc = _weight_step(a, a_s, w_ptrs, w_s, kb, cols_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
             if not GU_DOT:
