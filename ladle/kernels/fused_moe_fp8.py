@@ -12,6 +12,27 @@ kernels_and_limits.md §1.2:
   GEMM 2    the intermediate [P, I] is quantized the same way (op "fp8_act_quant"), then the same K loop.
 BLOCK_K is the weight group (128, or 32 for MXFP8); BLOCK_M / BLOCK_N come from the local shape (`select_config`:
 decode vs prefill tiles, family "fp8" or "mxfp8").
+K loop (options `Fp8MoEOptions`, table FP8_MOE_OPTIONS by local M, `select_options`). Triton 3.6 on sm_90 makes a
+wgmma whose result is scaled before the add synchronous (a wait for 0 pending right after it; only a dot chained
+into its own loop-carried accumulator stays in flight), so every K step is issue -> wait -> promote; the options
+change how much work each such step carries and how many CTAs share an SM to hide the waits:
+  gu_dot    GEMM 1 as one [BK, 2*BN1] dot per step instead of a gate and an up dot: the weight tile's column 2j is
+            gate row n_j and 2j + 1 up row I + n_j, gathered by the load's row pointers (the stored w13 layout is
+            unchanged, so loaders and reference need nothing); the epilogue splits the [BM, 2*BN1] accumulator
+            with reshape [BM, BN1, 2] + split (a register-local split of the MMA layout's column pairs);
+  k_unroll  2 K steps per loop iteration (half the loop's barriers; an odd tail loads zeros; each dot still waits
+            at once, the rule above holds inside the unrolled body too);
+  max_regs  Triton's maxnreg: the round-3 prefill kernel compiles to 255 registers per thread (ptxas, sm_90a),
+            which allows 2 CTAs of 4 warps per SM (1 of 8 warps: why BM 128 / 8 warps lost the round-3 sweep);
+  block_scales  one gate and one up weight scale per K step (row 0 of the tile's 128-row blocks, two scalar loads)
+            instead of a [BN] vector of scales per step: the per-column scale pointers and the loads staged ahead
+            cost about 60 registers per thread. Exact only when the row-expanded scales are equal over each 128-row
+            block (128x128-block checkpoints and `quantize_fp8_rows`; not MXFP8, refused there) and the tiles do not
+            cross a block (BN1, BN2 dividing 128, I a multiple of 128; refused otherwise). The caller states it:
+            wiring the fact from the loaders (ladle/quant/fp8_moe.py) to the table is for when the A/B picks it.
+            ptxas (sm_90a, offline) for BM 64 / 8 warps / 3 stages: GEMM 1 gate+up 168 -> 120 registers, GEMM 2
+            (BN2 128) 172 -> 124, so 2 CTAs (16 warps) per SM instead of 1.
+EVEN_K (K a multiple of BK * k_unroll, true for M3) drops the K masks of the loads.
 The reference `fused_moe_fp8_ref` dequantizes both operands at the same points (x and the intermediate quantized
 by `act_quant_ref`) and runs the per-expert math of `fused_moe_ref`, so it differs from the kernel only by
 summation order (and by the intermediate's rounding to x.dtype).
@@ -19,11 +40,12 @@ summation order (and by the intermediate's rounding to x.dtype).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
+from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_row, tl, triton, triton_ok
 from ladle.kernels.fp8_gemm import fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, moe_combine,
@@ -35,11 +57,81 @@ OP = "fused_moe_fp8"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 expert weights + [rows, K/128] fp32 scales")
 
 
+@dataclass(frozen=True)
+class Fp8MoEOptions:
+    """K-loop and launch options of both FP8 GEMMs (module doc "K loop"): gu_dot runs GEMM 1's gate and up tiles as
+    one [BK, 2*BN1] dot (weight columns interleaved gate / up per output column); k_unroll (1 or 2) K steps per loop
+    iteration; max_regs caps the registers per thread (Triton's `maxnreg`, None: the compiler's choice) so that
+    more CTAs fit on an SM; block_scales: the caller states that the row-expanded fp32 weight scales are equal over
+    every 128-row block (128x128-block checkpoints, `quantize_fp8_rows`), so a tile reads one gate and one up scale
+    per K step instead of a scale per column (module doc; refused for E8M0 scales and tiles that cross a block)."""
+
+    gu_dot: bool = False
+    k_unroll: int = 1
+    max_regs: Optional[int] = None
+    block_scales: bool = False
+
+    def __post_init__(self):
+        if self.k_unroll not in (1, 2):
+            raise ValueError(f"k_unroll {self.k_unroll}: ladle offers 1 or 2")
+        if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
+            raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
+
+
+# Options per M bucket, in the layout of ladle/kernels/_common.py (`tile_row`), next to MOE_TILES["fp8" / "mxfp8"];
+# benchmarks/gpu_fp8_moe_prefill_ab.py measures them on the H200 and prints the row to paste. Today every bucket
+# runs the round-3 loop (two dots per K step in GEMM 1, one K step per iteration, no register cap).
+FP8_MOE_OPTIONS: tuple[tuple[int, Fp8MoEOptions], ...] = ((MAX_TOKENS, Fp8MoEOptions()),)
+
+
+@triton.jit
+def _act_step(a_ptrs, as_ptrs, kb, row_ok, offs_k, K, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """K step kb of the activation tile: (a [BM, BK] fp8, a_s [BM] fp32; 128-wide groups). Past K: zeros."""
+    if EVEN_K:
+        a = tl.load(a_ptrs + kb * BK, mask=row_ok[:, None], other=0.0)
+        a_s = tl.load(as_ptrs + kb * BK // 128, mask=row_ok, other=0.0)
+    else:
+        k_ok = offs_k + kb * BK < K
+        a = tl.load(a_ptrs + kb * BK, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        a_s = tl.load(as_ptrs + kb * BK // 128, mask=row_ok & (kb * BK < K), other=0.0)
+    return a, a_s
+
+
+@triton.jit
+def _weight_scale(ws_ptrs, blk_g, blk_u, up_col, kb, col_ok, K, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                  E8M0: tl.constexpr, BLOCK_SCALES: tl.constexpr):
+    """Weight scales [cols] fp32 of K step kb: per row from ws_ptrs [cols] + kb, or (BLOCK_SCALES: the row-expanded
+    scales are equal over each 128-row block and the tile lies in one gate and one up block) two scalars, read at
+    row 0 of the tile's gate block (blk_g + kb) and of its up block (blk_u + kb), placed by up_col [cols].
+    Past K: 0, or 1 for E8M0."""
+    if BLOCK_SCALES:
+        in_k = kb * BK < K
+        w_s = tl.where(up_col, tl.load(blk_u + kb, mask=in_k, other=0.0), tl.load(blk_g + kb, mask=in_k, other=0.0))
+    elif EVEN_K:
+        w_s = load_weight_scale(ws_ptrs + kb, col_ok, E8M0)
+    else:
+        w_s = load_weight_scale(ws_ptrs + kb, col_ok & (kb * BK < K), E8M0)
+    return w_s
+
+
+@triton.jit
+def _weight_step(a, a_s, w_ptrs, w_s, kb, col_ok, offs_k, K, acc, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                 F32_DOT: tl.constexpr):
+    """acc + one promoted K step (fp8_dot_step) of a against the weight tile w_ptrs [BK, cols] at step kb with its
+    scales w_s [cols]. Past K (an odd tail of k_unroll 2) the tile loads as zeros and adds nothing."""
+    if EVEN_K:
+        w = tl.load(w_ptrs + kb * BK, mask=col_ok[None, :], other=0.0)
+    else:
+        w = tl.load(w_ptrs + kb * BK, mask=col_ok[None, :] & (offs_k + kb * BK < K)[:, None], other=0.0)
+    return fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT)
+
+
 @triton.jit
 def _fp8_gemm1_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
     numel, topk_cols, N_HALF, K, num_kb, num_akb, stride_we, stride_wse, alpha, limit,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
+    GU_DOT: tl.constexpr, K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -47,27 +139,37 @@ def _fp8_gemm1_kernel(
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
     tok = (slot // topk_cols).to(tl.int64)
     offs_k = tl.arange(0, BK)
-    rows_g = offs_n.to(tl.int64)
-    rows_u = rows_g + N_HALF
+    if GU_DOT:  # weight column 2j: gate row offs_n[j], 2j + 1: up row N_HALF + offs_n[j]
+        n_j = tl.reshape(tl.join(offs_n, offs_n), [2 * BN])
+        up_col = tl.arange(0, 2 * BN) % 2 == 1
+        rows = n_j.to(tl.int64) + up_col.to(tl.int64) * N_HALF
+        cols_ok = n_j < N_HALF
+    else:  # gate rows; the up tile is N_HALF rows further
+        up_col = tl.arange(0, BN) < 0
+        rows = offs_n.to(tl.int64)
+        cols_ok = n_ok
     a_ptrs = a_ptr + tok[:, None] * K + offs_k[None, :]
-    g_ptrs = w_ptr + e * stride_we + rows_g[None, :] * K + offs_k[:, None]  # [BK, BN]
-    u_ptrs = w_ptr + e * stride_we + rows_u[None, :] * K + offs_k[:, None]
     as_ptrs = as_ptr + tok * num_akb
-    gs_ptrs = ws_ptr + e * stride_wse + rows_g * num_kb
-    us_ptrs = ws_ptr + e * stride_wse + rows_u * num_kb
-    acc_g = tl.zeros([BM, BN], tl.float32)
+    w_ptrs = w_ptr + e * stride_we + rows[None, :] * K + offs_k[:, None]  # [BK, BN or 2 BN]
+    ws_ptrs = ws_ptr + e * stride_wse + rows * num_kb
+    up, up_s = N_HALF.to(tl.int64) * K, N_HALF.to(tl.int64) * num_kb
+    blk = ws_ptr + e * stride_wse + (tl.min(offs_n, 0) // 128 * 128).to(tl.int64) * num_kb  # its block's row 0
+    acc = tl.zeros([BM, 2 * BN if GU_DOT else BN], tl.float32)
     acc_u = tl.zeros([BM, BN], tl.float32)
-    for kb in range(0, num_kb):
-        k_ok = offs_k + kb * BK < K
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        a_s = tl.load(as_ptrs + kb * BK // 128, mask=row_ok, other=0.0)
-        g = tl.load(g_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        u = tl.load(u_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        acc_g = fp8_dot_step(a, a_s, g, load_weight_scale(gs_ptrs + kb, n_ok, E8M0), acc_g, F32_DOT)
-        acc_u = fp8_dot_step(a, a_s, u, load_weight_scale(us_ptrs + kb, n_ok, E8M0), acc_u, F32_DOT)
-        a_ptrs += BK
-        g_ptrs += BK
-        u_ptrs += BK
+    for kb0 in range(0, num_kb, K_UNROLL):
+        for j in tl.static_range(K_UNROLL):
+            kb = kb0 + j
+            a, a_s = _act_step(a_ptrs, as_ptrs, kb, row_ok, offs_k, K, BK, EVEN_K)
+            w_s = _weight_scale(ws_ptrs, blk, blk + up_s, up_col, kb, cols_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
+            acc = _weight_step(a, a_s, w_ptrs, w_s, kb, cols_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
+            if not GU_DOT:
+                u_s = _weight_scale(ws_ptrs + up_s, blk + up_s, blk, up_col, kb, cols_ok, K, BK, EVEN_K, E8M0,
+                                    BLOCK_SCALES)
+                acc_u = _weight_step(a, a_s, w_ptrs + up, u_s, kb, cols_ok, offs_k, K, acc_u, BK, EVEN_K, F32_DOT)
+    if GU_DOT:
+        acc_g, acc_u = tl.split(tl.reshape(acc, [BM, BN, 2]))
+    else:
+        acc_g = acc
     store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha, limit)
 
 
@@ -76,6 +178,7 @@ def _fp8_gemm2_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K, num_kb, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
+    K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr,
 ):
     pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
     if pid_m * BM >= tl.load(npp_ptr):
@@ -84,18 +187,17 @@ def _fp8_gemm2_kernel(
     offs_k = tl.arange(0, BK)
     rows = offs_m.to(tl.int64)
     a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]
-    b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # [BK, BN]
     as_ptrs = as_ptr + rows * num_akb
+    b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # [BK, BN]
     bs_ptrs = ws_ptr + e * stride_wse + offs_n.to(tl.int64) * num_kb
+    blk = ws_ptr + e * stride_wse + (tl.min(offs_n, 0) // 128 * 128).to(tl.int64) * num_kb  # its block's row 0
+    up_col = tl.arange(0, BN) < 0
     acc = tl.zeros([BM, BN], tl.float32)
-    for kb in range(0, num_kb):
-        k_ok = offs_k + kb * BK < K
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        a_s = tl.load(as_ptrs + kb * BK // 128, mask=row_ok, other=0.0)
-        b = tl.load(b_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = fp8_dot_step(a, a_s, b, load_weight_scale(bs_ptrs + kb, n_ok, E8M0), acc, F32_DOT)
-        a_ptrs += BK
-        b_ptrs += BK
+    for kb0 in range(0, num_kb, K_UNROLL):
+        for j in tl.static_range(K_UNROLL):
+            a, a_s = _act_step(a_ptrs, as_ptrs, kb0 + j, row_ok, offs_k, K, BK, EVEN_K)
+            w_s = _weight_scale(bs_ptrs, blk, blk, up_col, kb0 + j, n_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
+            acc = _weight_step(a, a_s, b_ptrs, w_s, kb0 + j, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
     out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out, acc * wt[:, None], mask=row_ok[:, None] & n_ok[None, :])
@@ -114,34 +216,93 @@ def _check(x, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
     return T, H, E, I
 
 
-def fused_moe_fp8_triton(
-    x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-    topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
-    config: Optional[MoETileConfig] = None,
-) -> torch.Tensor:
-    """x [T, H] float, w13/w2 fp8 with scales (module doc), topk_ids [T, k] int32 rows of the tables,
-    topk_weights [T, k] fp32 -> [T, H] in x.dtype. No host sync; shapes fixed by (T, k, E', H, I)."""
+def select_options(num_tokens: int) -> Fp8MoEOptions:
+    """The K-loop / launch options of the bucket holding num_tokens (FP8_MOE_OPTIONS)."""
+    return tile_row(FP8_MOE_OPTIONS, num_tokens)[1]
+
+
+class Fp8MoEPlan(NamedTuple):
+    """Host plan of one launch (`fp8_moe_plan`): tile and options, the clipped BN1 / BN2, the weight group g (128, or
+    32 for E8M0 scales), moe_align's (sorted_ids, expert_ids, num_tokens_post_padded), T tokens and k slots."""
+
+    cfg: MoETileConfig
+    opt: Fp8MoEOptions
+    bn1: int
+    bn2: int
+    g: int
+    e8m0: bool
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    npp: torch.Tensor
+    T: int
+    k: int
+
+
+def fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config: Optional[MoETileConfig] = None,
+                 options: Optional[Fp8MoEOptions] = None) -> Fp8MoEPlan:
+    """Check the tables and routes (module doc), pick tile / options from the local T unless given, align by
+    expert. T must be > 0."""
     T, H, E, I = _check(x, w13, w13_scale, w2, w2_scale)
     k = check_routing(topk_ids, topk_weights, T)
-    if T == 0:
-        return torch.empty_like(x)
     g, e8m0 = weight_group(w13_scale), w13_scale.dtype == torch.uint8
-    cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config, g,
-                                                                           "mxfp8" if e8m0 else "fp8")
-    bm, P, f32 = cfg.block_m, sorted_ids.numel(), interpreting()
-    a_q, a_s = act_quant(x.contiguous(), use_triton=True)
-    inter = torch.empty((P, I), dtype=x.dtype, device=x.device)
+    cfg, (bn1, bn2, _, _), align = moe_launch_plan(topk_ids, E, H, I, config, g, "mxfp8" if e8m0 else "fp8")
+    opt = options or select_options(T)
+    if opt.block_scales and (e8m0 or 128 % bn1 or 128 % bn2 or I % 128):
+        raise ValueError(f"block_scales needs fp32 128-group scales, BN1 {bn1} and BN2 {bn2} dividing 128 and I {I} a "
+                         f"multiple of 128 (got {'E8M0' if e8m0 else 'fp32'} scales); ladle offers block_scales=False")
+    return Fp8MoEPlan(cfg, opt, bn1, bn2, g, e8m0, *align, T, k)
+
+
+def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+                  alpha: float, limit: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """GEMM 1 + swigluoai: a_q [T, H] fp8 / a_s [T, H/128] fp32 (op "fp8_act_quant" of x) -> intermediate [P, I]
+    in out_dtype, P = plan.sorted_ids.numel() rows in aligned order."""
+    (cfg, opt, bn1, _, g, e8m0, sorted_ids, expert_ids, npp, T, k), (H, I) = plan, (w13.shape[2], w13.shape[1] // 2)
+    bm, P = cfg.block_m, sorted_ids.numel()
+    inter = torch.empty((P, I), dtype=out_dtype, device=a_q.device)
     _fp8_gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](
         a_q, a_s, w13, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H, triton.cdiv(H, g),
         a_s.shape[1], w13.stride(0), w13_scale.stride(0), float(alpha), float(limit),
-        BM=bm, BN=bn1, BK=g, E8M0=e8m0, F32_DOT=f32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    i_q, i_s = act_quant(inter, use_triton=True)
-    out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
+        BM=bm, BN=bn1, BK=g, E8M0=e8m0, F32_DOT=interpreting(), GU_DOT=opt.gu_dot, K_UNROLL=opt.k_unroll,
+        EVEN_K=H % (g * opt.k_unroll) == 0, BLOCK_SCALES=opt.block_scales,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
+    return inter
+
+
+def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                  topk_weights: torch.Tensor) -> torch.Tensor:
+    """GEMM 2 x routed weight: i_q [P, I] fp8 / i_s [P, I/128] fp32 (the quantized intermediate) -> out_slots
+    [T*k, H] float32 (row t*k + i: slot i of token t; `moe_combine` sums them)."""
+    (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k), (H, I) = plan, (w2.shape[1], w2.shape[2])
+    bm, P = cfg.block_m, sorted_ids.numel()
+    out_slots = torch.empty((T * k, H), dtype=torch.float32, device=i_q.device)
     _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
         i_q, i_s, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
         triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0),
-        BM=bm, BN=bn2, BK=g, E8M0=e8m0, F32_DOT=f32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return moe_combine(out_slots, T, k, x.dtype, use_triton=True)
+        BM=bm, BN=bn2, BK=g, E8M0=e8m0, F32_DOT=interpreting(), K_UNROLL=opt.k_unroll,
+        EVEN_K=I % (g * opt.k_unroll) == 0, BLOCK_SCALES=opt.block_scales,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
+    return out_slots
+
+
+def fused_moe_fp8_triton(
+    x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
+    config: Optional[MoETileConfig] = None, options: Optional[Fp8MoEOptions] = None,
+) -> torch.Tensor:
+    """x [T, H] float, w13/w2 fp8 with scales (module doc), topk_ids [T, k] int32 rows of the tables,
+    topk_weights [T, k] fp32 -> [T, H] in x.dtype. config / options override the tile and option tables.
+    No host sync; shapes fixed by (T, k, E', H, I)."""
+    if x.shape[0] == 0:
+        _check(x, w13, w13_scale, w2, w2_scale)
+        check_routing(topk_ids, topk_weights, 0)
+        return torch.empty_like(x)
+    plan = fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config, options)
+    a_q, a_s = act_quant(x.contiguous(), use_triton=True)
+    inter = fp8_moe_gemm1(plan, a_q, a_s, w13, w13_scale, alpha, limit, x.dtype)
+    i_q, i_s = act_quant(inter, use_triton=True)
+    out_slots = fp8_moe_gemm2(plan, i_q, i_s, w2, w2_scale, topk_weights)
+    return moe_combine(out_slots, plan.T, plan.k, x.dtype, use_triton=True)
 
 
 def fused_moe_fp8_ref(

@@ -1,0 +1,225 @@
+"""FP8 block-scaled fused MoE at prefill sizes: today's K loop vs the options of ladle/kernels/fused_moe_fp8.py
+(`Fp8MoEOptions`: gate+up as one interleaved [BK, 2*BN1] dot, 2 K steps per iteration, a register cap, one weight
+scale per 128-row block) at a few tiles. A script, not a test:
+
+    PYTHONPATH=. python3 benchmarks/gpu_fp8_moe_prefill_ab.py --out fp8_moe_prefill_ab.json   # H200, ~60-100 s
+    python3 benchmarks/gpu_fp8_moe_prefill_ab.py --smoke     # CPU: Triton interpreter, tiny shapes, errors only
+    (--mxfp8: also the MXFP8 tables at M = 8192: today, gu, gu regs168; about 6 more kernels to compile)
+
+Shapes: one TP4 rank of MiniMax-M3 (H 6144, I 768, 128 routed experts + the shared row 128, top-4 + shared = 5 slots
+per token), 128-group fp32 weight scales (`quantize_fp8_rows`, as the FP8 checkpoints load); M = 8192 and 2048 tokens
+(prefill) and M = 32 (decode guard: the decode tile with each option). SYNTHETIC DATA: random weights x 0.02, bf16
+activations, near-uniform routing from the router on a random gate (benchmarks/gpu_quant_suite.py `moe_inputs`).
+Method (benchmarks/gpu_bench_common.py): per variant one call checked against `fused_moe_fp8_ref` in float32 on the
+same inputs (relative error of the [M, H] output, printed per row), then CUDA-graph replay medians of the whole op
+(`fused_moe_fp8_triton`: act quant, GEMM 1, act quant, GEMM 2, combine) and of GEMM 1 and GEMM 2 alone
+(`fp8_moe_gemm1` / `fp8_moe_gemm2` on the op's own plan and quantized inputs). TFLOP/s over the routed rows
+(M x 5 slots): GEMM 1 2*M*5*2I*H, GEMM 2 2*M*5*I*H, the op their sum. Speed-up: against "today" (the table's tile and
+options for that M). Round 3 (benchmarks/results/round3/fp8_tiles.txt): the op at M = 8192, today's prefill tile,
+4133 us (281 TF/s).
+READ: a variant is a candidate when its rel_err matches today's (~1e-2 or less: bf16 intermediate and output, fp8
+activations) and its op time is lower at both prefill sizes; the script prints the tile and options of the best one
+(for MOE_TILES["fp8"] and FP8_MOE_OPTIONS). "block" rows hold only for block-uniform scales (128x128-block
+checkpoints, as this data; not MXFP8). A variant that fails to compile or is wrong prints a row saying so; the
+others still run. --smoke's rel_err is about 1e-2 for every row, today's included: the interpreter truncates the bf16
+intermediate and output where the reference rounds to nearest (ladle/kernels/_common.py `round_to`); the H200
+measured 4.4e-3 at M = 8192 (round 3).
+Compilation dominates the wall time: about 25 kernels; --time-budget-s (80) skips the variants left when it runs out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+if "--smoke" in sys.argv:  # before triton is imported: the CPU interpreter runs the kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, ".")
+from benchmarks.gpu_bench_common import rel_err  # noqa: E402
+from benchmarks.gpu_quant_suite import Shapes, moe_inputs, per_expert  # noqa: E402
+from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows, quantize_mxfp8  # noqa: E402
+from ladle.kernels.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, select_config  # noqa: E402
+from ladle.kernels.fused_moe_fp8 import (Fp8MoEOptions, fp8_moe_gemm1, fp8_moe_gemm2, fp8_moe_plan,  # noqa: E402
+                                         fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
+
+SMOKE = Shapes(hid=256, i=128, e=8, k_routed=2, device="cpu")  # I = 128: the block-scale rows run too
+T3 = MoETileConfig(64, 64, 128, 64, 4, 3)  # today's prefill tile at 3 stages: the smem of 3 CTAs per SM
+W8 = MoETileConfig(64, 64, 128, 64, 8, 3)  # 8 warps at BM 64: with block scales ~120 registers, 2 CTAs per SM
+GU_BLOCK = Fp8MoEOptions(gu_dot=True, block_scales=True)
+# (name, tile or None = the table's for M, options or None = the table's), in the order the time budget keeps them
+PREFILL = (
+    ("today", None, None),
+    ("gu block w8", W8, GU_BLOCK),
+    ("gu", T3, Fp8MoEOptions(gu_dot=True)),
+    ("block w8", W8, Fp8MoEOptions(block_scales=True)),
+    ("gu block w8 s4", MoETileConfig(64, 64, 128, 64, 8, 4), GU_BLOCK),
+    ("gu regs168", T3, Fp8MoEOptions(gu_dot=True, max_regs=168)),
+    ("gu unroll2 block w8", MoETileConfig(64, 64, 128, 64, 8, 2), Fp8MoEOptions(gu_dot=True, k_unroll=2,
+                                                                                 block_scales=True)),
+    ("gu block bm128 w8", MoETileConfig(128, 64, 128, 64, 8, 3), GU_BLOCK),
+)
+MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
+MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
+    ("today", None, None),
+    ("gu", MX5, Fp8MoEOptions(gu_dot=True)),
+    ("gu regs168", MX5, Fp8MoEOptions(gu_dot=True, max_regs=168)),
+)
+DECODE = (  # the decode tile (BN1 32, BN2 64) with each option
+    ("today", None, None),
+    ("gu", None, Fp8MoEOptions(gu_dot=True)),
+    ("gu block", None, GU_BLOCK),
+)
+
+
+def fp8_tables(shapes, quantize=quantize_fp8_rows):
+    """w13 / w2 float weights (x 0.02, as gpu_quant_suite.moe_tables) quantized expert by expert (128-group FP8, or
+    MXFP8 with quantize_mxfp8): (w13 [E+1, 2I, H] fp8, its scales, w2 [E+1, H, I] fp8, its scales)."""
+    dev, g = shapes.device, torch.Generator(device=shapes.device).manual_seed(0)
+    out = []
+    for rows, cols in ((2 * shapes.i, shapes.hid), (shapes.hid, shapes.i)):
+        w = torch.randn(shapes.e + 1, rows, cols, device=dev, generator=g) * 0.02
+        out += per_expert(quantize, w)
+        del w
+    return out
+
+
+def timers(smoke):
+    if smoke:
+        return None
+    from benchmarks.gpu_bench_common import time_graph_us
+
+    return time_graph_us
+
+
+def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us):
+    """One table row: error against the reference, then the op / GEMM 1 / GEMM 2 times (module doc; graph_us None:
+    the smoke run, error only)."""
+    xs, routes, ref = data
+    slots = m * (shapes.k_routed + 1)
+    family = "mxfp8" if tabs[1].dtype == torch.uint8 else "fp8"
+    tile = cfg or select_config(m, family)
+    options = opt or select_options(m)
+    row = {"variant": name, "M": m, "format": family,
+           "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},s{tile.num_stages}",
+           "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
+                      f"block={int(options.block_scales)}"}
+    t0 = time.time()
+    try:
+        out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt)
+        row["rel_err"] = rel_err(out.float(), ref.float())
+        if graph_us is None:
+            return finish(row, t0)
+        row["us"] = graph_us([lambda x=x, r=r: fused_moe_fp8_triton(x, *tabs, *r, config=cfg, options=opt)
+                              for x, r in zip(xs, routes)])
+        g1, g2 = [], []
+        for x, (ids, wts) in zip(xs, routes):
+            plan = fp8_moe_plan(x, *tabs, ids, wts, cfg, opt)
+            a_q, a_s = act_quant(x, use_triton=True)
+            gemm1 = functools.partial(fp8_moe_gemm1, plan, a_q, a_s, tabs[0], tabs[1], SWIGLU_ALPHA, SWIGLU_LIMIT,
+                                      x.dtype)
+            i_q, i_s = act_quant(gemm1(), use_triton=True)
+            g1.append(gemm1)
+            g2.append(lambda p=plan, a=i_q, s=i_s, w=wts: fp8_moe_gemm2(p, a, s, tabs[2], tabs[3], w))
+        row["us_g1"], row["us_g2"] = graph_us(g1), graph_us(g2)
+        f1, f2 = 2 * slots * 2 * shapes.i * shapes.hid, 2 * slots * shapes.i * shapes.hid
+        for key, us, flops in (("TF/s", "us", f1 + f2), ("TF/s_g1", "us_g1", f1), ("TF/s_g2", "us_g2", f2)):
+            row[key] = flops / (row[us] * 1e-6) / 1e12
+    except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return finish(row, t0)
+
+
+def finish(row, t0):
+    row["wall_s"] = round(time.time() - t0, 1)
+    print("ROW", json.dumps(row), flush=True)
+    return row
+
+
+def fmt(row, base):
+    def num(key, spec):
+        return format(row[key], spec) if isinstance(row.get(key), (int, float)) else "-"
+
+    def speed(key):
+        ok = base and isinstance(row.get(key), float) and isinstance(base.get(key), float) and row[key] > 0
+        return f"{base[key] / row[key]:.2f}x" if ok else "-"
+
+    return (f"{row['variant']:<20} {row.get('format', '-'):<6} {row['M']:>5} {row['tile']:<18} {row['options']:<30} "
+            f"{num('us', '9.1f'):>9} "
+            f"{num('TF/s', '6.0f'):>6} {num('us_g1', '9.1f'):>9} {num('TF/s_g1', '6.0f'):>6} {num('us_g2', '9.1f'):>9} "
+            f"{num('TF/s_g2', '6.0f'):>6} {num('rel_err', '8.1e'):>8} {speed('us'):>6} {speed('us_g1'):>6} "
+            f"{speed('us_g2'):>6} {row.get('error', '')}")
+
+
+def today(rows, row):
+    """The "today" row of row's M and weight format (the speed-up base), or None."""
+    return next((r for r in rows if (r["M"], r.get("format"), r["variant"]) == (row["M"], row.get("format"), "today")),
+                None)
+
+
+def best_rows(rows):
+    """The fastest correct prefill variant per (format, M) (rel_err within 1.5x of today's): its tile and options."""
+    for fam, m in sorted({(r.get("format"), r["M"]) for r in rows if r["M"] > 256 and r.get("format") != "-"}):
+        at_m = [r for r in rows if (r.get("format"), r["M"]) == (fam, m) and isinstance(r.get("us"), float)]
+        base = today(rows, {"M": m, "format": fam})
+        ok = [r for r in at_m if base and r["rel_err"] <= 1.5 * base["rel_err"] + 1e-6]
+        if ok:
+            b = min(ok, key=lambda r: r["us"])
+            print(f"{fam} M={m}: best {b['variant']!r} {b['us']:.1f} us ({base['us'] / b['us']:.2f}x today): tile "
+                  f"{b['tile']}, options {b['options']}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fp8_moe_prefill_ab.json"))
+    ap.add_argument("--time-budget-s", type=float, default=80.0,
+                    help="skip the variants left after this wall time (not in --smoke)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
+    ap.add_argument("--mxfp8", action="store_true", help="also MXFP8 tables (E8M0 scales) at M = 8192 (or 12)")
+    args = ap.parse_args(argv)
+    start = time.time()
+    shapes = SMOKE if args.smoke else Shapes()
+    torch.manual_seed(0)
+    graph_us, rows, fp8 = timers(args.smoke), [], fp8_tables(shapes)
+    big = 12 if args.smoke else 8192
+    sizes = [(big, PREFILL, fp8)] + ([] if args.smoke else [(2048, PREFILL, fp8)])
+    sizes.append((4 if args.smoke else 32, DECODE, fp8))
+    if args.mxfp8:
+        sizes.append((big, MXFP8, fp8_tables(shapes, quantize_mxfp8)))
+    for m, variants, tabs in sizes:
+        xs, routes, _ = moe_inputs(shapes, m)
+        ref = fused_moe_fp8_ref(xs[0], *tabs, *routes[0], compute_dtype=torch.float32)
+        for name, cfg, opt in variants:
+            if time.time() - start > args.time_budget_s and not args.smoke:
+                rows.append({"variant": name, "M": m, "format": "-", "tile": "-", "options": "-",
+                             "error": "skipped: time budget"})
+                continue
+            rows.append(run_variant(name, cfg, opt, m, (xs, routes, ref), tabs, shapes, graph_us))
+            save(args.out, shapes, rows)
+    print(f"\nH {shapes.hid} I {shapes.i} E {shapes.e}+1 top-{shapes.k_routed}+shared; CUDA-graph us "
+          f"per call; speed-up vs today (op, gemm1, gemm2); wall {time.time() - start:.0f} s")
+    print(f"{'variant':<20} {'format':<6} {'M':>5} {'tile BM,BN1,BN2':<18} {'options':<30} {'op us':>9} {'TF/s':>6} "
+          f"{'gemm1 us':>9} "
+          f"{'TF/s':>6} {'gemm2 us':>9} {'TF/s':>6} {'rel_err':>8} {'op':>6} {'g1':>6} {'g2':>6}")
+    for row in rows:
+        print(fmt(row, today(rows, row)))
+    best_rows(rows)
+    return 1 if any("error" in r and not r["error"].startswith("skipped") for r in rows) else 0
+
+
+def save(path, shapes, rows):
+    try:
+        with open(path, "w") as f:
+            json.dump({"shapes": shapes.__dict__, "rows": rows}, f, indent=1)
+    except OSError as exc:
+        print(f"could not write {path}: {exc}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

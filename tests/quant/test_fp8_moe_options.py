@@ -1,0 +1,109 @@
+"""K-loop / launch options of the FP8 fused MoE (`Fp8MoEOptions`, ladle/kernels/fused_moe_fp8.py) under the Triton
+interpreter, on fresh random inputs, against `fused_moe_fp8_ref` (float64) and the default options.
+
+Budget (as tests/quant/test_fp8_kernels.py): every option computes the same promoted K steps as the default loop, so
+outputs differ only by float32 summation order, except where that moves an intermediate value across an fp8
+rounding boundary before GEMM 2: relative error < 2e-3 against the reference and against the default options.
+Shapes cover ragged K (masked loads), an odd number of K steps (k_unroll 2's zero tail), I not a multiple of BN1
+(the masked columns of the interleaved gate / up tile) and K a multiple of the step (EVEN_K, no K masks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladle.kernels import fused_moe_fp8 as moe8
+from ladle.kernels._common import MAX_TOKENS
+from ladle.kernels.fp8_quant import quantize_fp8_rows, quantize_mxfp8
+from ladle.kernels.fused_moe import MoETileConfig
+from ladle.kernels.fused_moe_fp8 import Fp8MoEOptions, fused_moe_fp8_ref, fused_moe_fp8_triton, select_options
+from ladle.kernels.moe_router import moe_router_triton
+
+OPTIONS = [Fp8MoEOptions(gu_dot=True), Fp8MoEOptions(k_unroll=2), Fp8MoEOptions(gu_dot=True, k_unroll=2, max_regs=168)]
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _case(T, H, I, E, k, quantize, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g)
+    ids, wts = moe_router_triton(x, torch.randn(E, H, generator=g), torch.zeros(E), k, 2.0, shared_expert=True)
+    w13 = torch.randn(E + 1, 2 * I, H, generator=g) / H ** 0.5 * 3
+    w2 = torch.randn(E + 1, H, I, generator=g) / I ** 0.5
+    tables = [torch.stack(t) for t in zip(*[quantize(w) for w in w13])] + \
+             [torch.stack(t) for t in zip(*[quantize(w) for w in w2])]
+    return x, tables, ids, wts
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=["gu", "unroll2", "gu_unroll2_regs"])
+@pytest.mark.parametrize("T,H,I,cfg", [
+    (19, 300, 80, MoETileConfig(16, 32, 32, 128, 4, 2)),   # H: 3 ragged K steps; I: 1 ragged step, 80 % 32 != 0
+    (12, 256, 128, MoETileConfig(16, 16, 64, 128, 4, 2)),  # H even for both unrolls; I: 1 step (odd for unroll 2)
+], ids=["ragged", "even"])
+def test_fp8_options_match_reference_and_default(opt, T, H, I, cfg):
+    x, tabs, ids, wts = _case(T, H, I, 5, 2, quantize_fp8_rows, seed=T + H)
+    ref = fused_moe_fp8_ref(x, *tabs, ids, wts)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=opt)
+    assert _rel(out, ref) < 2e-3
+    assert _rel(out, fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg)) < 2e-3
+
+
+def test_mxfp8_options_match_reference():
+    """E8M0 scales, K steps of 32: H = 96 is 3 steps (odd), I = 64 two; the padded K step's scale byte reads 127."""
+    x, tabs, ids, wts = _case(13, 96, 64, 5, 2, quantize_mxfp8, seed=7)
+    ref = fused_moe_fp8_ref(x, *tabs, ids, wts)
+    for opt in OPTIONS:
+        out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=MoETileConfig(16, 16, 32, 32, 4, 2), options=opt)
+        assert _rel(out, ref) < 2e-3, opt
+
+
+@pytest.mark.parametrize("opt", [Fp8MoEOptions(block_scales=True), Fp8MoEOptions(gu_dot=True, block_scales=True),
+                                 Fp8MoEOptions(gu_dot=True, k_unroll=2, block_scales=True)],
+                         ids=["block", "gu_block", "gu_unroll2_block"])
+def test_block_scales_match_reference(opt):
+    """`quantize_fp8_rows` (128x128 blocks, rows expanded) gives block-uniform scales; I = 256: two blocks of gate
+    rows, two of up rows, BN1 32 and BN2 64 tiles inside them; H = 300 ragged (3 K steps)."""
+    x, tabs, ids, wts = _case(19, 300, 256, 5, 2, quantize_fp8_rows, seed=3)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=MoETileConfig(16, 32, 64, 128, 4, 2), options=opt)
+    assert _rel(out, fused_moe_fp8_ref(x, *tabs, ids, wts)) < 2e-3
+
+
+def test_block_scales_read_one_scale_per_block():
+    """Scales that differ inside a 128-row block are outside block_scales' contract: the kernel then uses the
+    block's first row, so changing any other row's scale changes nothing (and the per-row default sees it)."""
+    x, tabs, ids, wts = _case(9, 128, 128, 3, 2, quantize_fp8_rows, seed=5)
+    opt, cfg = Fp8MoEOptions(block_scales=True), MoETileConfig(16, 32, 64, 128, 4, 2)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=opt)
+    tabs[1][:, 1:128] *= 2.0  # gate rows 1..127 of every expert (row 0 holds the block's scale)
+    assert torch.equal(fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=opt), out)
+    assert _rel(fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg), out) > 1e-2
+
+
+def test_options_refuse_what_the_kernels_do_not_offer():
+    with pytest.raises(ValueError, match="k_unroll 4"):
+        Fp8MoEOptions(k_unroll=4)
+    for regs in (40, 100, 256):
+        with pytest.raises(ValueError, match=f"max_regs {regs}"):
+            Fp8MoEOptions(max_regs=regs)
+    block, cfg = Fp8MoEOptions(block_scales=True), MoETileConfig(16, 32, 64, 32, 4, 2)
+    for quantize, I in ((quantize_mxfp8, 128), (quantize_fp8_rows, 96)):  # E8M0 scales; I not a multiple of 128
+        x, tabs, ids, wts = _case(5, 64, I, 3, 2, quantize, seed=2)
+        with pytest.raises(ValueError, match="ladle offers block_scales=False"):
+            fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=block)
+
+
+def test_the_options_table_row_is_what_the_launcher_runs(monkeypatch):
+    """Today's table: the round-3 loop for every M; an edited row reaches both GEMMs of a launch."""
+    assert all(select_options(m) == Fp8MoEOptions() for m in (1, 256, 257, 8192))
+    edited = Fp8MoEOptions(gu_dot=True, k_unroll=2)
+    monkeypatch.setattr(moe8, "FP8_MOE_OPTIONS", ((16, Fp8MoEOptions()), (MAX_TOKENS, edited)))
+    seen = []
+    for name in ("fp8_moe_gemm1", "fp8_moe_gemm2"):
+        real = getattr(moe8, name)
+        monkeypatch.setattr(moe8, name, lambda plan, *a, real=real: seen.append(plan.opt) or real(plan, *a))
+    x, tabs, ids, wts = _case(17, 128, 32, 3, 2, quantize_fp8_rows, seed=1)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=MoETileConfig(16, 16, 32, 128, 4, 2))
+    assert seen == [edited, edited] and _rel(out, fused_moe_fp8_ref(x, *tabs, ids, wts)) < 2e-3
