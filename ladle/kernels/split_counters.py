@@ -56,8 +56,10 @@ def reset_all() -> None:
 
 
 @triton.jit
-def arrive(counter_ptr, NUM_SPLITS: tl.constexpr):
+def arrive(counter_ptr, NUM_SPLITS):
     """Count this program's arrival at `counter_ptr` (scalar int32 pointer); True in the program that arrived last.
+    NUM_SPLITS: the number of programs that arrive at this counter (a constexpr, or a runtime int32 such as
+    `tl.num_programs(0)` where it depends on the shape).
 
     Call after this program's partial stores. Ordering (PTX memory model): the CTA barrier makes every thread's
     stores happen before the (single-thread) atomic; the atomic's release half publishes them at GPU scope, so the
