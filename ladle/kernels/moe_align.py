@@ -18,7 +18,8 @@ Two paths, chosen by `align_chunk(numel)` from numel = T*k alone (a shape consta
     comes from one relaxed atomic on a zero-at-rest counter, issued right after the ids load so its latency hides
     behind the histogram, the padded prefix sum, the tile ids (each expert stores its own tiles: no reductions) and
     the sentinel fill; then the scatter (dst = pad_start[e] + rank) and the counters go back to 0.
-  * larger numel (prefill): two launches over chunks of CHUNK pairs (`MULTI_CHUNK`), grid (cdiv(numel, CHUNK),).
+  * larger numel (prefill): two launches over chunks of CHUNK pairs (`align_chunk`: about TARGET_PROGRAMS
+    programs of 256..1024 pairs), grid (cdiv(numel, CHUNK),).
     `_moe_align_count_kernel`: local histogram, ONE atomic per (chunk, expert) to reserve the chunk's range inside
     the expert (`chunk_off`), and this program's share of the sentinel fill. `_moe_align_scatter_kernel`: every
     program reads the totals, builds the padded prefix sum itself, writes its share of the tile ids, sorts its
@@ -40,7 +41,8 @@ from ladle.kernels.split_counters import arrive, release, split_counters
 
 COUNTER_KEY = "moe_align"
 SINGLE_MAX_NUMEL = 1024  # numel = T*k up to this: one program (B = 32 decode with k = 5 is 160 pairs)
-MULTI_CHUNK = 1024  # pairs per program of the multi-program path (8K-token prefill, k = 5: 40 programs)
+MIN_CHUNK, MAX_CHUNK = 256, 1024  # pairs per program of the multi-program path (powers of two) ...
+TARGET_PROGRAMS = 128  # ... the largest that still gives this many programs (an H200 has 132 SMs)
 
 
 @triton.jit
@@ -147,8 +149,13 @@ def max_padded_rows(numel: int, num_experts: int, block_m: int) -> int:
 
 
 def align_chunk(numel: int) -> int:
-    """The path rule: 0 (one program) for numel <= SINGLE_MAX_NUMEL, else MULTI_CHUNK pairs per program."""
-    return 0 if numel <= SINGLE_MAX_NUMEL else MULTI_CHUNK
+    """The path rule, from numel = T*k alone: 0 (one program) for numel <= SINGLE_MAX_NUMEL, else the pairs per
+    program of the multi-program path: the largest power of two <= numel / TARGET_PROGRAMS, clamped to
+    [MIN_CHUNK, MAX_CHUNK] (8K-token prefill, k = 5: 256 pairs x 160 programs; 32K tokens: 1024 x 160)."""
+    if numel <= SINGLE_MAX_NUMEL:
+        return 0
+    per_program = max(numel // TARGET_PROGRAMS, 1)
+    return min(MAX_CHUNK, max(MIN_CHUNK, 1 << (per_program.bit_length() - 1)))
 
 
 def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: Optional[int] = None):
@@ -168,6 +175,7 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, chu
     nb = triton.next_power_of_2(num_experts + 1)  # + the spare bin of masked lanes
     chunk = align_chunk(numel) if chunk is None else chunk
     if chunk == 0:
+        assert numel <= 4 * SINGLE_MAX_NUMEL, f"the single-program path holds all {numel} pairs in registers"
         _moe_align_single_kernel[(1,)](
             ids, sorted_ids, expert_ids, npp, cnt, numel, num_experts, P,
             BLOCK_M=block_m, NB_P2=nb, CH=triton.next_power_of_2(max(numel, 16)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladle.kernels.moe_align import (MULTI_CHUNK, SINGLE_MAX_NUMEL, align_chunk, max_padded_rows, moe_align_ref,
+from ladle.kernels.moe_align import (MAX_CHUNK, MIN_CHUNK, SINGLE_MAX_NUMEL, align_chunk, max_padded_rows, moe_align_ref,
                                      moe_align_triton)
 from ladle.kernels.split_counters import split_counters
 
@@ -63,10 +63,11 @@ def test_shared_expert_column(chunk):
 
 
 def test_path_rule_and_default_at_both_sizes():
-    """numel <= SINGLE_MAX_NUMEL runs one program, larger numel the multi-program path; the default (chunk None)
-    is valid at both sizes with the M3 expert count (128 routed + shared = 129)."""
+    """numel <= SINGLE_MAX_NUMEL runs one program, larger numel the multi-program path with about 128 programs of
+    256..1024 pairs; the default (chunk None) is valid at both sizes with the M3 expert count (128 routed + shared = 129)."""
     assert align_chunk(160) == 0 and align_chunk(SINGLE_MAX_NUMEL) == 0
-    assert align_chunk(SINGLE_MAX_NUMEL + 1) == MULTI_CHUNK == align_chunk(8192 * 5)
+    assert align_chunk(SINGLE_MAX_NUMEL + 1) == MIN_CHUNK == align_chunk(8192 * 5)  # 160 programs
+    assert align_chunk(16384 * 5) == 512 and align_chunk(32768 * 5) == MAX_CHUNK == align_chunk(10**7)
     torch.manual_seed(6)
     E, k = 129, 5
     for T, bm in ((32, 16), (SINGLE_MAX_NUMEL // k + 7, 64)):
