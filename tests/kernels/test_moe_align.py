@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladle.kernels.moe_align import (MAX_CHUNK, MIN_CHUNK, SINGLE_MAX_NUMEL, align_chunk, max_padded_rows, moe_align_ref,
-                                     moe_align_triton)
+from ladle.kernels.moe_align import (MAX_CHUNK, MIN_CHUNK, SINGLE_MAX_NUMEL, align_chunk, max_padded_rows,
+                                     moe_align_ref, moe_align_triton)
 from ladle.kernels.split_counters import split_counters
 
 PATHS = [0, 16, 64]  # single program; multi-program with 16- and 64-pair chunks (several programs at tiny sizes)
@@ -63,8 +63,9 @@ def test_shared_expert_column(chunk):
 
 
 def test_path_rule_and_default_at_both_sizes():
-    """numel <= SINGLE_MAX_NUMEL runs one program, larger numel the multi-program path with about 128 programs of
-    256..1024 pairs; the default (chunk None) is valid at both sizes with the M3 expert count (128 routed + shared = 129)."""
+    """numel <= SINGLE_MAX_NUMEL runs one program, larger numel the multi-program path with about 128 programs
+    of 256..1024 pairs; the default (chunk None) is valid at both sizes with the M3 expert count (128 routed +
+    the shared one = 129)."""
     assert align_chunk(160) == 0 and align_chunk(SINGLE_MAX_NUMEL) == 0
     assert align_chunk(SINGLE_MAX_NUMEL + 1) == MIN_CHUNK == align_chunk(8192 * 5)  # 160 programs
     assert align_chunk(16384 * 5) == 512 and align_chunk(32768 * 5) == MAX_CHUNK == align_chunk(10**7)
