@@ -39,7 +39,7 @@ from ladle.kernels.moe_align import align_chunk, max_padded_rows, moe_align_ref,
 from ladle.kernels.split_counters import split_counters  # noqa: E402
 
 E, K, SHARED = 129, 5, 128
-PREFILL_CHUNKS = (256, 512, 1024, 2048)
+PREFILL_CHUNKS = (256, 512, 1024)
 SIZES = ((32, (0, 256)), (128, (0, 256)), (8192, PREFILL_CHUNKS), (32768, PREFILL_CHUNKS))  # (T, chunks)
 SMOKE_SIZES = ((8, (0, 16)), (220, (0, 128)))  # 40 and 1100 pairs: the default is single, then multi
 

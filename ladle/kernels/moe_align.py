@@ -10,8 +10,8 @@ are bucketed by expert and each bucket is padded to a multiple of BLOCK_M (kerne
 
     max_padded = roundup(min(T*k*BLOCK_M, T*k + min(E, T*k)*(BLOCK_M-1)), BLOCK_M)   (worst case, fixed per shape)
 
-Within one expert, rows come in atomic-arrival order (the kernels) or in flat order (the reference); the GEMMs
-compute each row independently, so results do not depend on that order. Tests compare per-tile row sets.
+Within one expert, rows come in an order set by atomic arrival (the kernels) or in flat order (the reference); the
+GEMMs compute each row independently, so results do not depend on that order. Tests compare per-tile row sets.
 
 Two paths, chosen by `align_chunk(numel)` from numel = T*k alone (a shape constant, so a CUDA graph captures one):
   * numel <= SINGLE_MAX_NUMEL (decode): `_moe_align_single_kernel`, grid (1,). Each pair's rank within its expert
