@@ -162,7 +162,7 @@ def main() -> None:
             variants = [("today", lambda x, bm=bm: today_align(x, E, bm))]
             variants += [("single" if c == 0 else f"multi c{c}", lambda x, bm=bm, c=c: moe_align_triton(x, E, bm, c))
                          for c in chunks]
-            default = align_chunk(ids.numel())
+            default = align_chunk(ids.numel(), bm)
             variants.append((f"default (c{default})", lambda x, bm=bm: moe_align_triton(x, E, bm)))
             base_us = None
             for name, fn in variants:

@@ -13,11 +13,13 @@ are bucketed by expert and each bucket is padded to a multiple of BLOCK_M (kerne
 Within one expert, rows come in an order set by atomic arrival (the kernels) or in flat order (the reference); the
 GEMMs compute each row independently, so results do not depend on that order. Tests compare per-tile row sets.
 
-Two paths, chosen by `align_chunk(numel)` from numel = T*k alone (a shape constant, so a CUDA graph captures one):
-  * numel <= SINGLE_MAX_NUMEL (decode): `_moe_align_single_kernel`, grid (1,). Each pair's rank within its expert
-    comes from one relaxed atomic on a zero-at-rest counter, issued right after the ids load so its latency hides
-    behind the histogram, the padded prefix sum, the tile ids (each expert stores its own tiles: no reductions) and
-    the sentinel fill; then the scatter (dst = pad_start[e] + rank) and the counters go back to 0.
+Two paths, chosen by `align_chunk(numel, BLOCK_M)` from shape constants (so a CUDA graph captures one of them):
+  * numel = T*k <= SINGLE_MAX_NUMEL and numel / BLOCK_M <= SINGLE_MAX_TILES (decode): `_moe_align_single_kernel`,
+    grid (1,). Each pair's rank within its expert comes from one relaxed atomic on a zero-at-rest counter, issued
+    right after the ids load so its latency hides behind the histogram, the padded prefix sum, the tile ids (each
+    expert stores its own tiles: no reductions) and the sentinel fill; then the scatter (dst = pad_start[e] +
+    rank) and the counters go back to 0. Offline sm_90 SASS, B = 32 x k = 5, BM 16: ~1.1K instructions per warp
+    executed (loops counted) vs ~4.2K for the kernel it replaced, 3.2K of those in its per-tile reduction loop.
   * larger numel (prefill): two launches over chunks of CHUNK pairs (`align_chunk`: about TARGET_PROGRAMS
     programs of 256..1024 pairs), grid (cdiv(numel, CHUNK),).
     `_moe_align_count_kernel`: local histogram, ONE atomic per (chunk, expert) to reserve the chunk's range inside
@@ -40,7 +42,8 @@ from ladle.kernels._common import tl, triton
 from ladle.kernels.split_counters import arrive, release, split_counters
 
 COUNTER_KEY = "moe_align"
-SINGLE_MAX_NUMEL = 1024  # numel = T*k up to this: one program (B = 32 decode with k = 5 is 160 pairs)
+SINGLE_MAX_NUMEL = 1024  # numel = T*k up to this: one program (B = 32 decode with k = 5 is 160 pairs) ...
+SINGLE_MAX_TILES = 64  # ... if one expert has at most this many tiles (its tile-id store is [E, tiles]; BM >= 16)
 MIN_CHUNK, MAX_CHUNK = 256, 1024  # pairs per program of the multi-program path (powers of two) ...
 TARGET_PROGRAMS = 128  # ... the largest that still gives this many programs (an H200 has 132 SMs)
 
@@ -148,11 +151,12 @@ def max_padded_rows(numel: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(max(bound, 1), block_m) * block_m
 
 
-def align_chunk(numel: int) -> int:
-    """The path rule, from numel = T*k alone: 0 (one program) for numel <= SINGLE_MAX_NUMEL, else the pairs per
-    program of the multi-program path: the largest power of two <= numel / TARGET_PROGRAMS, clamped to
-    [MIN_CHUNK, MAX_CHUNK] (8K-token prefill, k = 5: 256 pairs x 160 programs; 32K tokens: 1024 x 160)."""
-    if numel <= SINGLE_MAX_NUMEL:
+def align_chunk(numel: int, block_m: int) -> int:
+    """The path rule, from the shape constants numel = T*k and BLOCK_M: 0 (one program) for numel <=
+    SINGLE_MAX_NUMEL with at most SINGLE_MAX_TILES tiles of one expert, else the pairs per program of the
+    multi-program path: the largest power of two <= numel / TARGET_PROGRAMS, clamped to [MIN_CHUNK, MAX_CHUNK]
+    (8K-token prefill, k = 5: 256 pairs x 160 programs; 32K tokens: 1024 x 160)."""
+    if numel <= SINGLE_MAX_NUMEL and triton.cdiv(numel, block_m) <= SINGLE_MAX_TILES:
         return 0
     per_program = max(numel // TARGET_PROGRAMS, 1)
     return min(MAX_CHUNK, max(MIN_CHUNK, 1 << (per_program.bit_length() - 1)))
@@ -162,7 +166,7 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, chu
     """Triton align. topk_ids [T, k] int32 with values in [0, num_experts). Returns
     (sorted_token_ids [P] int32, expert_ids [P // block_m] int32, num_tokens_post_padded [1] int32).
     chunk: pairs per program of the multi-program path (a power of two), 0 for the single-program path, None for
-    `align_chunk(T*k)`. Uses (and leaves zero) the counters `split_counters("moe_align", device, E + 1)`."""
+    `align_chunk(T*k, block_m)`. Uses (and leaves zero) the counters `split_counters("moe_align", device, E + 1)`."""
     assert topk_ids.dtype == torch.int32 and topk_ids.dim() == 2
     ids = topk_ids.contiguous().view(-1)
     numel = ids.numel()
@@ -173,9 +177,10 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, chu
     npp = torch.empty(1, dtype=torch.int32, device=dev)
     cnt = split_counters(COUNTER_KEY, dev, num_experts + 1)
     nb = triton.next_power_of_2(num_experts + 1)  # + the spare bin of masked lanes
-    chunk = align_chunk(numel) if chunk is None else chunk
+    chunk = align_chunk(numel, block_m) if chunk is None else chunk
     if chunk == 0:
-        assert numel <= 4 * SINGLE_MAX_NUMEL, f"the single-program path holds all {numel} pairs in registers"
+        assert numel <= 4 * SINGLE_MAX_NUMEL and triton.cdiv(numel, block_m) <= 4 * SINGLE_MAX_TILES, \
+            f"the single-program path holds all {numel} pairs and one expert's tiles in registers"
         _moe_align_single_kernel[(1,)](
             ids, sorted_ids, expert_ids, npp, cnt, numel, num_experts, P,
             BLOCK_M=block_m, NB_P2=nb, CH=triton.next_power_of_2(max(numel, 16)),

@@ -66,9 +66,10 @@ def test_path_rule_and_default_at_both_sizes():
     """numel <= SINGLE_MAX_NUMEL runs one program, larger numel the multi-program path with about 128 programs
     of 256..1024 pairs; the default (chunk None) is valid at both sizes with the M3 expert count (128 routed +
     the shared one = 129)."""
-    assert align_chunk(160) == 0 and align_chunk(SINGLE_MAX_NUMEL) == 0
-    assert align_chunk(SINGLE_MAX_NUMEL + 1) == MIN_CHUNK == align_chunk(8192 * 5)  # 160 programs
-    assert align_chunk(16384 * 5) == 512 and align_chunk(32768 * 5) == MAX_CHUNK == align_chunk(10**7)
+    assert align_chunk(160, 16) == 0 and align_chunk(SINGLE_MAX_NUMEL, 16) == 0
+    assert align_chunk(SINGLE_MAX_NUMEL, 4) == MIN_CHUNK  # 256 tiles of one expert: too many for one program
+    assert align_chunk(SINGLE_MAX_NUMEL + 1, 16) == MIN_CHUNK == align_chunk(8192 * 5, 64)  # 160 programs
+    assert align_chunk(16384 * 5, 64) == 512 and align_chunk(32768 * 5, 64) == MAX_CHUNK == align_chunk(10**7, 64)
     torch.manual_seed(6)
     E, k = 129, 5
     for T, bm in ((32, 16), (SINGLE_MAX_NUMEL // k + 7, 64)):
