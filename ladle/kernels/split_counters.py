@@ -4,7 +4,9 @@ A split kernel (split-K attention, split-over-blocks indexer) normally needs a s
 partials. Instead, each of the NUM_SPLITS programs of one work item (a (token, kv-head) pair, a query tile, ...)
 writes its partial, then does `old = tl.atomic_add(counter + item, 1, sem="acq_rel")`; the one program that sees
 `old == NUM_SPLITS - 1` arrived last, reads every partial, writes the final result and stores 0 back into its
-counter. See `arrive` below (the device side) and the kernels in msa_sparse_attention.py / msa_indexer.py.
+counter. See `arrive` below (the device side) and the kernels in msa_sparse_attention.py / msa_indexer.py;
+moe_align.py also keeps per-expert counts in its buffer (accumulated by one launch, zeroed by the last program to
+arrive in the next one of the same call, or by its single program), under the same reset invariant.
 
 Buffer contract (the reset invariant):
   * one int32 buffer per (device, owner key), allocated with torch.zeros on first use and kept for the life of the
@@ -56,8 +58,10 @@ def reset_all() -> None:
 
 
 @triton.jit
-def arrive(counter_ptr, NUM_SPLITS: tl.constexpr):
+def arrive(counter_ptr, NUM_SPLITS):
     """Count this program's arrival at `counter_ptr` (scalar int32 pointer); True in the program that arrived last.
+    NUM_SPLITS: the number of programs that arrive at this counter (a constexpr, or a runtime int32 such as
+    `tl.num_programs(0)` where it depends on the shape).
 
     Call after this program's partial stores. Ordering (PTX memory model): the CTA barrier makes every thread's
     stores happen before the (single-thread) atomic; the atomic's release half publishes them at GPU scope, so the
