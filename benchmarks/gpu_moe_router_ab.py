@@ -63,8 +63,10 @@ def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
 
 def variants(T: int) -> list[tuple[str, int | None, str]]:
     """(name, splits, precision) per T: splits None = the launch rule; "today" is the torch-logits path."""
-    out = [("today", None, ""), ("triton", None, "tf32x3"), ("bf16x3w", None, "bf16x3w")]
-    return out + [("unsplit", 1, "tf32x3")] if T <= 128 else out
+    out = [("today", None, ""), ("triton", None, "tf32x3")]
+    if T <= 128:
+        return out + [("unsplit", 1, "tf32x3")]
+    return out + [(f"split {s}", s, "tf32x3") for s in (2, 4, 8)]
 
 
 def call(name: str, splits, prec, x, w, b, k):
