@@ -58,9 +58,11 @@ dispatch.register(OP_SCALED_MM, "scaled_mm", "asked for at M >= SCALED_MM_MIN_TO
                   "torch._scaled_mm (probed once per device); fp32 128-group weight scales (not MXFP8); K % 128 == 0, "
                   "N % 16 == 0, M % 4 == 0")
 
-# Smallest local M (tokens) that asks for the "scaled_mm" path; below it the Triton kernel runs. Start value of the
-# issue; benchmarks/gpu_fp8_gemm_ab.py measures both paths at M = 128 .. 8192 to place it.
-SCALED_MM_MIN_TOKENS = 1024
+# Smallest local M (tokens) that asks for the "scaled_mm" path; below it the Triton kernel runs. H200, 2026-12-02
+# (benchmarks/gpu_fp8_gemm_ab.py, benchmarks/results/round7/kernels/call2_fp8_gemm_ab.log; whole op incl. act_quant):
+# scaled_mm 1.18-1.77x the Triton kernel at M = 128, 1.23-1.67x at 1024, 1.58-1.89x at 8192 on the six TP4-rank
+# shapes; M < 128 not measured, so decode keeps the Triton kernel.
+SCALED_MM_MIN_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,12 @@ def _fp8_gemm_kernel(
 # Split-K at decode sizes (M <= SPLIT_K_MAX_M): a decode GEMM has too few (M, N) tiles to keep enough weight bytes in
 # flight per SM (latency-bound: each tile walks all K groups in sequence), so its K groups are split over
 # programs until there are about SPLIT_K_CTAS_PER_SM programs per SM, each keeping >= SPLIT_K_MIN_STEPS K steps.
+# H200, 2026-12-02 (benchmarks/gpu_fp8_gemm_decode_ab.py, results/round7/kernels/call2_fp8_gemm_decode_ab.log):
+# N x K = 2688 x 6144 (48 groups) gains 1.67-1.75x at M = 1 / 8 and 1.40x at M = 32 with 4 splits, nothing at 64;
+# 6144 x 2048 (16 groups) loses with any split beyond 2 (0.65-0.9x at 4-8), hence 12 groups per split at least.
 SPLIT_K_MAX_M = 64
-SPLIT_K_CTAS_PER_SM = 4
-SPLIT_K_MIN_STEPS = 4
+SPLIT_K_CTAS_PER_SM = 8
+SPLIT_K_MIN_STEPS = 12
 SPLIT_K_MAX = 8
 COUNTER_KEY = OP
 

@@ -79,9 +79,9 @@ VEC_SEARCH_MAX_REQS = 4096
 # Default of the launcher's `fused_merge` (None): merge the split-K partials in the last-arriving split program
 # (one launch) instead of a separate `_merge_kernel` launch.
 FUSED_MERGE = True
-# Tokens per program of the tile kernel when the launcher chooses it (`launch_plan`, query_tile=None). 4 (M = 64 at
-# G = 16) with 4 warps and 2 stages is a first choice from the design, not yet measured: the H200 A/B
-# (benchmarks/gpu_msa_sparse_ab.py) times TQ 4 / 8, 4 / 8 warps, 2 / 3 stages against the per-token kernel.
+# Tokens per program of the tile kernel when the launcher chooses it (`launch_plan`, query_tile=None): 4 (M = 64 at
+# G = 16), measured best on the H200 (`_launch_tile`'s docstring; TQ 8 with 8 warps: 1.17x / 2.48x / 0.74x where
+# TQ 4 gives 1.47x / 2.78x / 1.04x the per-token kernel).
 TILE_TOKENS = 4
 COUNTER_KEY = OP
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
@@ -341,8 +341,10 @@ def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, pos
                  tq: int, sm_scale_log2: float, v_scale: float, vec_search: bool, num_warps: Optional[int],
                  num_stages: Optional[int]) -> None:
     """Launch `_sparse_attn_tile_kernel` (arguments checked by `msa_sparse_attention_triton`): grid
-    (cdiv(T, tq), Hkv), rows tq x G padded to a power of two >= 16; default 4 warps up to 64 rows, else 8, and 2
-    stages."""
+    (cdiv(T, tq), Hkv), rows tq x G padded to a power of two >= 16; default 4 warps up to 64 rows, else 8, and 3
+    stages (H200, benchmarks/gpu_msa_sparse_ab.py, results/round7/kernels/call2_msa_sparse_ab.json: tile 4 with 4
+    warps and 3 stages 1.47x the per-token kernel on an 8K prefill with random selections, 2.78x with local ones,
+    1.04x on a mixed batch; 2 stages 1.40 / 2.65 / 1.00; 8 warps 0.6-0.8x)."""
     T, Hq, D = q.shape
     bs, Hkv = key_cache.shape[1], key_cache.shape[2]
     B, topk = block_table.shape[0], selected_block_ids.shape[-1]
@@ -355,7 +357,7 @@ def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, pos
         GROUP=Hq // Hkv, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
         REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=vec_search,
-        num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 2,
+        num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 3,
     )
 
 

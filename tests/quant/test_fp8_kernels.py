@@ -102,14 +102,15 @@ def test_fp8_gemm_split_k_against_float64(m, n, k, split_k, quantize):
 
 
 def test_fp8_gemm_default_split_k_rule():
-    """Split only at decode sizes, from shape constants: a power of two, <= 8, >= 4 K groups per split."""
+    """Split only at decode sizes, from shape constants: a power of two, <= 8, >= 12 K groups per split."""
     from ladle.kernels.fp8_gemm import SPLIT_K_MAX_M, default_split_k
 
     cpu, cfg = torch.device("cpu"), GemmTileConfig(16, 32, 4, 4)  # the interpreter counts 4 SMs
-    assert default_split_k(SPLIT_K_MAX_M + 1, 64, 48, cfg, cpu) == 1
-    assert default_split_k(1, 32, 48, cfg, cpu) == 8  # 1 tile on 4 "SMs": 16 wanted, capped at 8
-    assert default_split_k(1, 32, 12, cfg, cpu) == 2  # 12 groups: at most 3 splits of >= 4 -> 2
-    assert default_split_k(32, 32 * 16, 48, cfg, cpu) == 1  # 32 tiles >= 4 per SM already
+    assert default_split_k(SPLIT_K_MAX_M + 1, 32, 48, cfg, cpu) == 1
+    assert default_split_k(1, 32, 48, cfg, cpu) == 4  # 1 tile on 4 "SMs": 32 wanted, 48 groups allow 4 splits
+    assert default_split_k(1, 32, 36, cfg, cpu) == 2  # 36 groups: at most 3 splits of >= 12 -> 2
+    assert default_split_k(1, 32, 16, cfg, cpu) == 1  # o_proj's 16 groups: no split
+    assert default_split_k(32, 32 * 16, 48, cfg, cpu) == 1  # 32 tiles >= 8 per SM already
 
 
 def test_fp8_linear_dispatch_record_and_bias():
