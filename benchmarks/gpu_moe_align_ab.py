@@ -1,4 +1,4 @@
-"""MoE align A/B on the GPU: today's single-program kernel vs the new single-program (decode) and multi-program
+"""MoE align A/B on the GPU: the single-program (decode) and multi-program
 (prefill) paths of `moe_align_triton`. A script, not a test.
 
     PYTHONPATH=. python3 benchmarks/gpu_moe_align_ab.py --out moe_align_ab.json
@@ -7,8 +7,7 @@
 What: one TP4 rank of MiniMax-M3 (129 experts: 128 routed + the shared one as id 128, k = 5 slots per token), at
 numel = T*k = 160 (B = 32 decode), 640 (B = 128), 8192*5 and 32768*5 pairs (prefill), BLOCK_M 16 and 64. Routing is
 near-uniform: each token picks 4 distinct routed experts uniformly at random, its 5th slot is always 128.
-Variants: `today` (the kernel on main at b1850db, grid (1,), per-element atomics; frozen below as the A/B baseline
-only), `single` (chunk=0, decode sizes only), `multi cN` (chunk=N: two launches over N-pair chunks) and `default`
+Variants: `single` (chunk=0, decode sizes only), `multi cN` (chunk=N: two launches over N-pair chunks) and `default`
 (chunk=None: the launcher's rule, `align_chunk`).
 Checks per variant (an integer op, so no relative error): on fresh random data and on skewed data (every routed slot
 to expert 5), the outputs against `moe_align_ref`:
@@ -17,7 +16,7 @@ expert is free), rows in use equal, every pair present once, and the zero-at-res
 graph of one call replayed 5 times (counters carried across replays) and checked again.
 Timing: gpu_bench_common.time_graph_us, CUDA-graph replay of 20 back-to-back calls on the same ids (the ids are
 small: 656 KB at the largest size, L2-resident as they are after the router), median us per call.
-Output: one ROW line per variant, then a table with the speed-up vs `today`; JSON with every row.
+Output: one ROW line per variant, then a table with the speed-up vs `single`; JSON with every row.
 """
 
 from __future__ import annotations
@@ -35,79 +34,13 @@ import torch  # noqa: E402
 
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import time_graph_us  # noqa: E402
-from ladle.kernels._common import tl, triton  # noqa: E402
-from ladle.kernels.moe_align import align_chunk, max_padded_rows, moe_align_ref, moe_align_triton  # noqa: E402
+from ladle.kernels.moe_align import align_chunk, moe_align_ref, moe_align_triton  # noqa: E402
 from ladle.kernels.split_counters import split_counters  # noqa: E402
 
 E, K, SHARED = 129, 5, 128
 PREFILL_CHUNKS = (256, 512, 1024)
 SIZES = ((32, (0, 256)), (128, (0, 256)), (8192, PREFILL_CHUNKS), (32768, PREFILL_CHUNKS))  # (T, chunks)
 SMOKE_SIZES = ((8, (0, 16)), (220, (0, 128)))  # 40 and 1100 pairs: the default is single, then multi
-
-
-@triton.jit
-def _today_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, npp_ptr, cursor_ptr, numel, num_experts, max_padded,
-                  BLOCK_M: tl.constexpr, NB_P2: tl.constexpr, CHUNK: tl.constexpr, TILE_CHUNK: tl.constexpr):
-    """The A/B baseline: `_moe_align_kernel` as on main at b1850db (not used by ladle)."""
-    e = tl.arange(0, NB_P2)
-    e_ok = e < num_experts
-    counts = tl.zeros([NB_P2], tl.int32)
-    for start in range(0, numel, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        m = offs < numel
-        ids = tl.load(ids_ptr + offs, mask=m, other=0)
-        ids = tl.where(m, ids, num_experts)
-        counts += tl.histogram(ids, NB_P2)
-    counts = tl.where(e_ok, counts, 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    pad_end = tl.cumsum(padded, axis=0)
-    pad_start = pad_end - padded
-    total = tl.sum(padded, axis=0)
-    tl.store(cursor_ptr + e, pad_start, mask=e_ok)
-    tl.store(npp_ptr, total)
-    for start in range(0, max_padded, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        tl.store(sorted_ptr + offs, numel, mask=offs < max_padded)
-    num_tiles = max_padded // BLOCK_M
-    for ts in range(0, num_tiles, TILE_CHUNK):
-        tile = ts + tl.arange(0, TILE_CHUNK)
-        tstart = tile * BLOCK_M
-        before = (pad_end[None, :] <= tstart[:, None]) & e_ok[None, :]
-        ex = tl.sum(before.to(tl.int32), axis=1)
-        ex = tl.where(tstart < total, ex, -1)
-        tl.store(expert_ids_ptr + tile, ex, mask=tile < num_tiles)
-    tl.debug_barrier()
-    for start in range(0, numel, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        m = offs < numel
-        ids = tl.load(ids_ptr + offs, mask=m, other=0)
-        dst = tl.atomic_add(cursor_ptr + ids, 1, mask=m)
-        tl.store(sorted_ptr + dst, offs, mask=m)
-
-
-def today_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """Launcher of the baseline, as on main at b1850db."""
-    ids = topk_ids.contiguous().view(-1)
-    numel = ids.numel()
-    P = max_padded_rows(numel, num_experts, block_m)
-    dev = topk_ids.device
-    sorted_ids = torch.empty(P, dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(P // block_m, dtype=torch.int32, device=dev)
-    npp = torch.empty(1, dtype=torch.int32, device=dev)
-    cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
-    _today_kernel[(1,)](ids, sorted_ids, expert_ids, npp, cursor, numel, num_experts, P,
-                        BLOCK_M=block_m, NB_P2=triton.next_power_of_2(num_experts + 1),
-                        CHUNK=1024 if numel > 256 else 256, TILE_CHUNK=32 if num_experts > 128 else 64,
-                        num_warps=8 if numel > 4096 else 4)
-    return sorted_ids, expert_ids, npp
-
-
-def routing(T: int, dev: str, skewed: bool = False) -> torch.Tensor:
-    """[T, 5] int32: 4 distinct routed experts per token (uniform; all expert 5 when skewed) + the shared 128."""
-    routed = torch.rand(T, SHARED, device=dev).topk(K - 1, dim=1).indices.int()
-    if skewed:
-        routed = torch.full_like(routed, 5)
-    return torch.cat([routed, torch.full((T, 1), SHARED, dtype=torch.int32, device=dev)], dim=1)
 
 
 def bad_tiles(out, ids: torch.Tensor, bm: int) -> int:
@@ -167,8 +100,7 @@ def main() -> None:
     for T, chunks in (SMOKE_SIZES if args.smoke else SIZES):
         for bm in (16, 64):
             ids, skew = routing(T, dev), routing(T, dev, skewed=True)
-            variants = [("today", lambda x, bm=bm: today_align(x, E, bm))]
-            variants += [("single" if c == 0 else f"multi c{c}", lambda x, bm=bm, c=c: moe_align_triton(x, E, bm, c))
+            variants = [("single" if c == 0 else f"multi c{c}", lambda x, bm=bm, c=c: moe_align_triton(x, E, bm, c))
                          for c in chunks]
             default = align_chunk(ids.numel(), bm)
             variants.append((f"default (c{default})", lambda x, bm=bm: moe_align_triton(x, E, bm)))
@@ -178,7 +110,7 @@ def main() -> None:
                     print(f"time budget spent: skipping {name} at T={T} bm={bm}", flush=True)
                     continue
                 row = run_variant(name, fn, ids, skew, bm, args.smoke)
-                base_us = row.get("us") if name == "today" else base_us
+                base_us = row.get("us") if name == "single" else base_us
                 if base_us and row.get("us"):
                     row["speedup"] = base_us / row["us"]
                 rows.append(row)
@@ -187,11 +119,11 @@ def main() -> None:
         json.dump({"experts": E, "k": K, "rows": rows}, f, indent=1)
     nan = float("nan")
     print(f"\nmoe_align, {E} experts, k = {K}, near-uniform routing; CUDA-graph us per call (20 calls per replay)")
-    print(f"{'variant':>15} {'numel':>7} {'BM':>3} {'us':>8} {'vs today':>8} {'bad tiles (rand/skew/graph)':>28}")
+    print(f"{'variant':>15} {'numel':>7} {'BM':>3} {'us':>8} {'vs single':>9} {'bad tiles (rand/skew/graph)':>28}")
     for r in rows:
         bad = f"{r.get('bad_tiles', '-')}/{r.get('bad_tiles_skewed', '-')}/{r.get('bad_tiles_graph', '-')}"
         print(f"{r['variant']:>15} {r['numel']:>7} {r['block_m']:>3} {r.get('us', nan):8.2f} "
-              f"{r.get('speedup', nan):8.2f} {bad:>28} {'' if r['valid'] else 'INVALID'} {r.get('error', '')}")
+              f"{r.get('speedup', nan):9.2f} {bad:>28} {'' if r['valid'] else 'INVALID'} {r.get('error', '')}")
     print(f"valid: {sum(r['valid'] for r in rows)}/{len(rows)} variants")
 
 

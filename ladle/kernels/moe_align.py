@@ -21,7 +21,7 @@ Two paths, chosen by `align_chunk(numel, BLOCK_M)` from shape constants (so a CU
     rank) and the counters go back to 0. Offline sm_90 SASS, B = 32 x k = 5, BM 16: ~1.1K instructions per warp
     executed (loops counted) vs ~4.2K for the kernel it replaced, 3.2K of those in its per-tile reduction loop.
   * larger numel (prefill): two launches over chunks of CHUNK pairs (`align_chunk`: about TARGET_PROGRAMS
-    programs of 256..1024 pairs), grid (cdiv(numel, CHUNK),).
+    programs of 256..512 pairs), grid (cdiv(numel, CHUNK),).
     `_moe_align_count_kernel`: local histogram, ONE atomic per (chunk, expert) to reserve the chunk's range inside
     the expert (`chunk_off`), and this program's share of the sentinel fill. `_moe_align_scatter_kernel`: every
     program reads the totals, builds the padded prefix sum itself, writes its share of the tile ids, sorts its
@@ -44,7 +44,10 @@ from ladle.kernels.split_counters import arrive, release, split_counters
 COUNTER_KEY = "moe_align"
 SINGLE_MAX_NUMEL = 1024  # numel = T*k up to this: one program (B = 32 decode with k = 5 is 160 pairs) ...
 SINGLE_MAX_TILES = 64  # ... if one expert has at most this many tiles (its tile-id store is [E, tiles]; BM >= 16)
-MIN_CHUNK, MAX_CHUNK = 256, 1024  # pairs per program of the multi-program path (powers of two) ...
+# pairs per program of the multi-program path (powers of two) ... H200 (benchmarks/gpu_moe_align_ab.py, results/
+# round7/kernels/call3_moe_align_ab.log): 40,960 pairs 9.3 us with 256 (today's one program: 228 us); 163,840 pairs
+# 14.1-15.4 us with 512, 19.3-21.8 with 1024
+MIN_CHUNK, MAX_CHUNK = 256, 512
 TARGET_PROGRAMS = 128  # ... the largest that still gives this many programs (an H200 has 132 SMs)
 
 
@@ -155,7 +158,7 @@ def align_chunk(numel: int, block_m: int) -> int:
     """The path rule, from the shape constants numel = T*k and BLOCK_M: 0 (one program) for numel <=
     SINGLE_MAX_NUMEL with at most SINGLE_MAX_TILES tiles of one expert, else the pairs per program of the
     multi-program path: the largest power of two <= numel / TARGET_PROGRAMS, clamped to [MIN_CHUNK, MAX_CHUNK]
-    (8K-token prefill, k = 5: 256 pairs x 160 programs; 32K tokens: 1024 x 160)."""
+    (8K-token prefill, k = 5: 256 pairs x 160 programs; 32K tokens: 512 x 320)."""
     if numel <= SINGLE_MAX_NUMEL and triton.cdiv(numel, block_m) <= SINGLE_MAX_TILES:
         return 0
     per_program = max(numel // TARGET_PROGRAMS, 1)

@@ -64,7 +64,7 @@ def test_shared_expert_column(chunk):
 
 def test_path_rule_and_default_at_both_sizes():
     """numel <= SINGLE_MAX_NUMEL runs one program, larger numel the multi-program path with about 128 programs
-    of 256..1024 pairs; the default (chunk None) is valid at both sizes with the M3 expert count (128 routed +
+    of 256..512 pairs; the default (chunk None) is valid at both sizes with the M3 expert count (128 routed +
     the shared one = 129)."""
     assert align_chunk(160, 16) == 0 and align_chunk(SINGLE_MAX_NUMEL, 16) == 0
     assert align_chunk(SINGLE_MAX_NUMEL, 4) == MIN_CHUNK  # 256 tiles of one expert: too many for one program
