@@ -43,6 +43,14 @@ SIZES = ((32, (0, 256)), (128, (0, 256)), (8192, PREFILL_CHUNKS), (32768, PREFIL
 SMOKE_SIZES = ((8, (0, 16)), (220, (0, 128)))  # 40 and 1100 pairs: the default is single, then multi
 
 
+def routing(T: int, dev: str, skewed: bool = False) -> torch.Tensor:
+    """[T, 5] int32: 4 distinct routed experts per token (uniform; all expert 5 when skewed) + the shared 128."""
+    routed = torch.rand(T, SHARED, device=dev).topk(K - 1, dim=1).indices.int()
+    if skewed:
+        routed = torch.full_like(routed, 5)
+    return torch.cat([routed, torch.full((T, 1), SHARED, dtype=torch.int32, device=dev)], dim=1)
+
+
 def bad_tiles(out, ids: torch.Tensor, bm: int) -> int:
     """Tiles that break the alignment contract against moe_align_ref: a tile expert id that differs, or a row of a
     tile whose pair is not routed to the tile's expert (+ 10**6 if rows in use, the pair set — every pair exactly
