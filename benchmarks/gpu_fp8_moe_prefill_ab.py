@@ -1,10 +1,10 @@
-"""FP8 block-scaled fused MoE at prefill sizes: today's K loop vs the options of ladle/kernels/fused_moe_fp8.py
+"""FP8 block-scaled fused MoE at prefill sizes: the round-3 K loop vs the options of ladle/kernels/fused_moe_fp8.py
 (`Fp8MoEOptions`: gate+up as one interleaved [BK, 2*BN1] dot, 2 K steps per iteration, a register cap, one weight
 scale per 128-row block) at a few tiles. A script, not a test:
 
     PYTHONPATH=. python3 benchmarks/gpu_fp8_moe_prefill_ab.py --out fp8_moe_prefill_ab.json   # H200, ~60-100 s
     python3 benchmarks/gpu_fp8_moe_prefill_ab.py --smoke     # CPU: Triton interpreter, tiny shapes, errors only
-    (--mxfp8: also the MXFP8 tables at M = 8192: today, gu, gu regs168; about 6 more kernels to compile)
+    (--mxfp8: also the MXFP8 tables at M = 8192: round-3, gu, gu regs168; about 6 more kernels to compile)
 
 Shapes: one TP4 rank of MiniMax-M3 (H 6144, I 768, 128 routed experts + the shared row 128, top-4 + shared = 5 slots
 per token), 128-group fp32 weight scales (`quantize_fp8_rows`, as the FP8 checkpoints load); M = 8192 and 2048 tokens
@@ -14,14 +14,15 @@ Method (benchmarks/gpu_bench_common.py): per variant one call checked against `f
 same inputs (relative error of the [M, H] output, printed per row), then CUDA-graph replay medians of the whole op
 (`fused_moe_fp8_triton`: act quant, GEMM 1, act quant, GEMM 2, combine) and of GEMM 1 and GEMM 2 alone
 (`fp8_moe_gemm1` / `fp8_moe_gemm2` on the op's own plan and quantized inputs). TFLOP/s over the routed rows
-(M x 5 slots): GEMM 1 2*M*5*2I*H, GEMM 2 2*M*5*I*H, the op their sum. Speed-up: against "today" (the table's tile and
-options for that M). Round 3 (benchmarks/results/round3/fp8_tiles.txt): the op at M = 8192, today's prefill tile,
-4133 us (281 TF/s).
-READ: a variant is a candidate when its rel_err matches today's (~1e-2 or less: bf16 intermediate and output, fp8
+(M x 5 slots): GEMM 1 2*M*5*2I*H, GEMM 2 2*M*5*I*H, the op their sum. Speed-up: against "round-3" (the loop and
+prefill tile before the options: two dots per K step, per-column scales); "table" is what the launcher picks for
+per-row scales (the quant method picks the "gu block w8" row for block-uniform ones). Round 3
+(benchmarks/results/round3/fp8_tiles.txt): the op at M = 8192, that prefill tile, 4133 us (281 TF/s).
+READ: a variant is a candidate when its rel_err matches round-3's (~1e-2 or less: bf16 intermediate and output, fp8
 activations) and its op time is lower at both prefill sizes; the script prints the tile and options of the best one
 (for MOE_TILES["fp8"] and FP8_MOE_OPTIONS). "block" rows hold only for block-uniform scales (128x128-block
 checkpoints, as this data; not MXFP8). A variant that fails to compile or is wrong prints a row saying so; the
-others still run. --smoke's rel_err is about 1e-2 for every row, today's included: the interpreter truncates the bf16
+others still run. --smoke's rel_err is about 1e-2 for every row, round-3's included: the interpreter truncates the bf16
 intermediate and output where the reference rounds to nearest (ladle/kernels/_common.py `round_to`); the H200
 measured 4.4e-3 at M = 8192 (round 3).
 Compilation dominates the wall time: about 25 kernels; --time-budget-s (80) skips the variants left when it runs out.
@@ -54,8 +55,11 @@ T3 = MoETileConfig(64, 64, 128, 64, 4, 3)  # today's prefill tile at 3 stages: t
 W8 = MoETileConfig(64, 64, 128, 64, 8, 3)  # 8 warps at BM 64: with block scales ~120 registers, 2 CTAs per SM
 GU_BLOCK = Fp8MoEOptions(gu_dot=True, block_scales=True)
 # (name, tile or None = the table's for M, options or None = the table's), in the order the time budget keeps them
+ROUND3 = Fp8MoEOptions()  # the round-3 loop (two dots per K step, per-column scales): the A/B's baseline
+R3_PREFILL = MoETileConfig(64, 64, 128, 64, 4, 4)  # its prefill tile
 PREFILL = (
-    ("today", None, None),
+    ("round-3", R3_PREFILL, ROUND3),
+    ("table", None, None),
     ("gu block w8", W8, GU_BLOCK),
     ("gu", T3, Fp8MoEOptions(gu_dot=True)),
     ("block w8", W8, Fp8MoEOptions(block_scales=True)),
@@ -67,12 +71,12 @@ PREFILL = (
 )
 MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
 MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
-    ("today", None, None),
+    ("round-3", None, ROUND3),
     ("gu", MX5, Fp8MoEOptions(gu_dot=True)),
     ("gu regs168", MX5, Fp8MoEOptions(gu_dot=True, max_regs=168)),
 )
 DECODE = (  # the decode tile (BN1 32, BN2 64) with each option
-    ("today", None, None),
+    ("round-3", None, ROUND3),
     ("gu", None, Fp8MoEOptions(gu_dot=True)),
     ("gu block", None, GU_BLOCK),
 )
@@ -105,7 +109,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us):
     slots = m * (shapes.k_routed + 1)
     family = "mxfp8" if tabs[1].dtype == torch.uint8 else "fp8"
     tile = cfg or select_config(m, family)
-    options = opt or select_options(m)
+    options = opt or select_options(m, family)
     row = {"variant": name, "M": m, "format": family,
            "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},s{tile.num_stages}",
            "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
@@ -158,8 +162,8 @@ def fmt(row, base):
 
 
 def today(rows, row):
-    """The "today" row of row's M and weight format (the speed-up base), or None."""
-    return next((r for r in rows if (r["M"], r.get("format"), r["variant"]) == (row["M"], row.get("format"), "today")),
+    """The "round-3" row of row's M and weight format (the speed-up base), or None."""
+    return next((r for r in rows if (r["M"], r.get("format"), r["variant"]) == (row["M"], row.get("format"), "round-3")),
                 None)
 
 

@@ -28,8 +28,9 @@ change how much work each such step carries and how many CTAs share an SM to hid
             instead of a [BN] vector of scales per step: the per-column scale pointers and the loads staged ahead
             cost about 60 registers per thread. Exact only when the row-expanded scales are equal over each 128-row
             block (128x128-block checkpoints and `quantize_fp8_rows`; not MXFP8, refused there) and the tiles do not
-            cross a block (BN1, BN2 dividing 128, I a multiple of 128; refused otherwise). The caller states it:
-            wiring the fact from the loaders (ladle/quant/fp8_moe.py) to the table is for when the A/B picks it.
+            cross a block (BN1, BN2 dividing 128, I a multiple of 128; refused otherwise). The FP8 MoE quant method
+            (ladle/quant/fp8_moe.py) checks `block_scales_uniform` on its tables once and passes block_uniform,
+            which selects the "fp8_block" rows of MOE_TILES / FP8_MOE_OPTIONS.
             ptxas (sm_90a, offline) for BM 64 / 8 warps / 3 stages: GEMM 1 gate+up 168 -> 120 registers, GEMM 2
             (BN2 128) 172 -> 124, so 2 CTAs (16 warps) per SM instead of 1.
 EVEN_K (K a multiple of BK * k_unroll, true for M3) drops the K masks of the loads.
@@ -78,10 +79,17 @@ class Fp8MoEOptions:
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 
 
-# Options per M bucket, in the layout of ladle/kernels/_common.py (`tile_row`), next to MOE_TILES["fp8" / "mxfp8"];
-# benchmarks/gpu_fp8_moe_prefill_ab.py measures them on the H200 and prints the row to paste. Today every bucket
-# runs the round-3 loop (two dots per K step in GEMM 1, one K step per iteration, no register cap).
-FP8_MOE_OPTIONS: tuple[tuple[int, Fp8MoEOptions], ...] = ((MAX_TOKENS, Fp8MoEOptions()),)
+# Options per weight family and M bucket, in the layout of ladle/kernels/_common.py (`tile_row`), next to the
+# MOE_TILES rows of the same family (ladle/kernels/fused_moe.py). "fp8_block": fp32 scales equal over every 128-row
+# block (`block_scales_uniform`), so block_scales may run; "fp8": per-row fp32 scales; "mxfp8": E8M0 (round-3 loop).
+# H200, 2026-12-02 (benchmarks/gpu_fp8_moe_prefill_ab.py, results/round7/kernels/call3_fp8_moe_prefill_ab.log; TP4
+# rank of M3, near-uniform routing): at M = 8192 gu+block with 8 warps 1.35x the round-3 loop (GEMM 1 1.54x, GEMM 2
+# 0.97x), gu alone (4 warps, 3 stages) 1.14x; at M = 2048 1.33x / 1.09x; at M = 32 (decode tile) 1.07x / 1.02x.
+FP8_MOE_OPTIONS: dict[str, tuple[tuple[int, Fp8MoEOptions], ...]] = {
+    "fp8": ((MAX_TOKENS, Fp8MoEOptions(gu_dot=True)),),
+    "fp8_block": ((MAX_TOKENS, Fp8MoEOptions(gu_dot=True, block_scales=True)),),
+    "mxfp8": ((MAX_TOKENS, Fp8MoEOptions()),),
+}
 
 
 @triton.jit
@@ -216,9 +224,25 @@ def _check(x, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
     return T, H, E, I
 
 
-def select_options(num_tokens: int) -> Fp8MoEOptions:
-    """The K-loop / launch options of the bucket holding num_tokens (FP8_MOE_OPTIONS)."""
-    return tile_row(FP8_MOE_OPTIONS, num_tokens)[1]
+def select_options(num_tokens: int, family: str = "fp8") -> Fp8MoEOptions:
+    """The K-loop / launch options of `family`'s bucket holding num_tokens (FP8_MOE_OPTIONS)."""
+    return tile_row(FP8_MOE_OPTIONS[family], num_tokens)[1]
+
+
+def block_scales_uniform(w13_scale: torch.Tensor, w2_scale: torch.Tensor) -> bool:
+    """True when both expert tables' fp32 row-expanded scales ([E', rows, K groups]) are equal over every 128-row
+    block (what 128x128-block checkpoints and `quantize_fp8_rows` give when the rank's rows start on a block): the
+    condition of Fp8MoEOptions.block_scales. A host sync: call once per layer (its quant method keeps the answer)."""
+    if w13_scale.dtype != torch.float32:
+        return False
+    for s in (w13_scale, w2_scale):
+        e, rows, g = s.shape
+        if rows % 128:
+            return False
+        blocks = s.view(e, rows // 128, 128, g)
+        if not bool((blocks == blocks[:, :, :1]).all()):
+            return False
+    return True
 
 
 class Fp8MoEPlan(NamedTuple):
@@ -239,14 +263,16 @@ class Fp8MoEPlan(NamedTuple):
 
 
 def fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config: Optional[MoETileConfig] = None,
-                 options: Optional[Fp8MoEOptions] = None) -> Fp8MoEPlan:
-    """Check the tables and routes (module doc), pick tile / options from the local T unless given, align by
-    expert. T must be > 0."""
+                 options: Optional[Fp8MoEOptions] = None, block_uniform: bool = False) -> Fp8MoEPlan:
+    """Check the tables and routes (module doc), pick tile / options from the local T and the weight family unless
+    given, align by expert. block_uniform: the caller knows `block_scales_uniform` holds (family "fp8_block").
+    T must be > 0."""
     T, H, E, I = _check(x, w13, w13_scale, w2, w2_scale)
     k = check_routing(topk_ids, topk_weights, T)
     g, e8m0 = weight_group(w13_scale), w13_scale.dtype == torch.uint8
-    cfg, (bn1, bn2, _, _), align = moe_launch_plan(topk_ids, E, H, I, config, g, "mxfp8" if e8m0 else "fp8")
-    opt = options or select_options(T)
+    family = "mxfp8" if e8m0 else ("fp8_block" if block_uniform and I % 128 == 0 else "fp8")
+    cfg, (bn1, bn2, _, _), align = moe_launch_plan(topk_ids, E, H, I, config, g, family)
+    opt = options or select_options(T, family)
     if opt.block_scales and (e8m0 or 128 % bn1 or 128 % bn2 or I % 128):
         raise ValueError(f"block_scales needs fp32 128-group scales, BN1 {bn1} and BN2 {bn2} dividing 128 and I {I} a "
                          f"multiple of 128 (got {'E8M0' if e8m0 else 'fp32'} scales); ladle offers block_scales=False")
@@ -288,16 +314,17 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
 def fused_moe_fp8_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
-    config: Optional[MoETileConfig] = None, options: Optional[Fp8MoEOptions] = None,
+    config: Optional[MoETileConfig] = None, options: Optional[Fp8MoEOptions] = None, block_uniform: bool = False,
 ) -> torch.Tensor:
     """x [T, H] float, w13/w2 fp8 with scales (module doc), topk_ids [T, k] int32 rows of the tables,
-    topk_weights [T, k] fp32 -> [T, H] in x.dtype. config / options override the tile and option tables.
+    topk_weights [T, k] fp32 -> [T, H] in x.dtype. config / options override the tile and option tables;
+    block_uniform: `block_scales_uniform(w13_scale, w2_scale)` is known to hold (the "fp8_block" rows).
     No host sync; shapes fixed by (T, k, E', H, I)."""
     if x.shape[0] == 0:
         _check(x, w13, w13_scale, w2, w2_scale)
         check_routing(topk_ids, topk_weights, 0)
         return torch.empty_like(x)
-    plan = fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config, options)
+    plan = fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config, options, block_uniform)
     a_q, a_s = act_quant(x.contiguous(), use_triton=True)
     inter = fp8_moe_gemm1(plan, a_q, a_s, w13, w13_scale, alpha, limit, x.dtype)
     i_q, i_s = act_quant(inter, use_triton=True)
@@ -345,11 +372,12 @@ def w8a8_moe_ref(
 def fused_moe_fp8(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
-    *, use_triton: bool = True,
+    *, use_triton: bool = True, block_uniform: bool = False,
 ) -> torch.Tensor:
     """Dispatching entry point (records op "fused_moe_fp8", bucket = tokens); the fallback is the float32
-    reference."""
+    reference. block_uniform: as `fused_moe_fp8_triton`."""
     if decide_triton(OP, x.shape[0], use_triton, triton_ok(x, w13)):
-        return fused_moe_fp8_triton(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, alpha, limit)
+        return fused_moe_fp8_triton(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, alpha, limit,
+                                    block_uniform=block_uniform)
     return fused_moe_fp8_ref(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, alpha, limit,
                              compute_dtype=torch.float32)

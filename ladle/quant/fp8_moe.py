@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ladle.kernels.fp8_quant import FP8_DTYPE, GROUP
-from ladle.kernels.fused_moe_fp8 import fused_moe_fp8
+from ladle.kernels.fused_moe_fp8 import block_scales_uniform, fused_moe_fp8
 from ladle.layers.linear import set_weight_loader
 from ladle.quant.fp8 import Fp8Config, _param, _quantize_into, expand_scale_rows, staged_loader
 
@@ -51,8 +51,17 @@ class Fp8FusedMoEMethod:
 
     def run_experts(self, *args, use_triton: bool) -> torch.Tensor:
         """Op `fused_moe_fp8` on `apply`'s arguments (x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights,
-        alpha, limit)."""
-        return fused_moe_fp8(*args, use_triton=use_triton)
+        alpha, limit), with block_uniform = `block_scales_uniform` of this layer's scale tables (checked at the
+        first call and kept on the w13 scale parameter: the runner's first forward is eager, before any CUDA-graph
+        capture; a capture that comes first runs the per-row path and checks later)."""
+        w13_scale, w2_scale = args[2], args[4]
+        uniform = getattr(w13_scale, "block_uniform", None)
+        if uniform is None:
+            if w13_scale.is_cuda and torch.cuda.is_current_stream_capturing():
+                uniform = False
+            else:
+                uniform = w13_scale.block_uniform = block_scales_uniform(w13_scale, w2_scale)
+        return fused_moe_fp8(*args, use_triton=use_triton, block_uniform=uniform)
 
 
 def register_expert_table(layer: nn.Module, name: str, weight: nn.Parameter, scale: nn.Parameter, init) -> None:

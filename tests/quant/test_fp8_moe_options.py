@@ -96,10 +96,13 @@ def test_options_refuse_what_the_kernels_do_not_offer():
 
 
 def test_the_options_table_row_is_what_the_launcher_runs(monkeypatch):
-    """Today's table: the round-3 loop for every M; an edited row reaches both GEMMs of a launch."""
-    assert all(select_options(m) == Fp8MoEOptions() for m in (1, 256, 257, 8192))
+    """The table per weight family (H200 A/B of 2026-12-02): gu for per-row fp32 scales, gu + block_scales for
+    block-uniform ones, the round-3 loop for MXFP8; an edited row reaches both GEMMs of a launch."""
+    assert all(select_options(m, "fp8") == Fp8MoEOptions(gu_dot=True) for m in (1, 256, 257, 8192))
+    assert select_options(8192, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True)
+    assert select_options(32, "mxfp8") == Fp8MoEOptions()
     edited = Fp8MoEOptions(gu_dot=True, k_unroll=2)
-    monkeypatch.setattr(moe8, "FP8_MOE_OPTIONS", ((16, Fp8MoEOptions()), (MAX_TOKENS, edited)))
+    monkeypatch.setitem(moe8.FP8_MOE_OPTIONS, "fp8", ((16, Fp8MoEOptions()), (MAX_TOKENS, edited)))
     seen = []
     for name in ("fp8_moe_gemm1", "fp8_moe_gemm2"):
         real = getattr(moe8, name)
@@ -107,3 +110,25 @@ def test_the_options_table_row_is_what_the_launcher_runs(monkeypatch):
     x, tabs, ids, wts = _case(17, 128, 32, 3, 2, quantize_fp8_rows, seed=1)
     out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=MoETileConfig(16, 16, 32, 128, 4, 2))
     assert seen == [edited, edited] and _rel(out, fused_moe_fp8_ref(x, *tabs, ids, wts)) < 2e-3
+
+
+def test_block_uniform_scales_select_the_block_rows(monkeypatch):
+    """`block_scales_uniform` holds for 128x128-block quantized tables (rows a multiple of 128) and not for per-row
+    scales; fused_moe_fp8(block_uniform=True) then runs the "fp8_block" options (block_scales) and still matches
+    the reference; the FP8 MoE quant method checks its tables once and keeps the answer on the scale parameter."""
+    from ladle.quant.fp8_moe import Fp8FusedMoEMethod
+
+    x, tabs, ids, wts = _case(9, 128, 128, 3, 2, quantize_fp8_rows, seed=3)
+    assert moe8.block_scales_uniform(tabs[1], tabs[3])
+    per_row = tabs[1].clone()
+    per_row[:, 5] *= 2.0  # one row of a block scaled differently: no longer uniform
+    assert not moe8.block_scales_uniform(per_row, tabs[3])
+    seen = []
+    real = moe8.fp8_moe_gemm1
+    monkeypatch.setattr(moe8, "fp8_moe_gemm1", lambda plan, *a: seen.append(plan.opt) or real(plan, *a))
+    out = moe8.fused_moe_fp8(x, *tabs, ids, wts, block_uniform=True)
+    assert seen[-1].block_scales and _rel(out, fused_moe_fp8_ref(x, *tabs, ids, wts)) < 2e-3
+    w13_scale = torch.nn.Parameter(tabs[1], requires_grad=False)
+    method = Fp8FusedMoEMethod()
+    method.run_experts(x, tabs[0], w13_scale, tabs[2], tabs[3], ids, wts, 1.702, 7.0, use_triton=True)
+    assert w13_scale.block_uniform is True and seen[-1].block_scales
