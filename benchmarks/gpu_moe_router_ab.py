@@ -2,23 +2,23 @@
 fp32 router weight and bias as the layer stores them). A script, not a test:
 
     PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --out moe_router_ab.json [--time-budget-s 90]  # H200, <100 s
-    PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --smoke   # CPU: Triton interpreter, tiny shapes, checks only
+    PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --smoke   # CPU: Triton interpreter, small shapes, checks only
 
 Variants per T in {1, 32, 128, 8192}:
-  "today"   the previous path: logits = x.float() @ W^T in torch (IEEE fp32, TF32 off: a cuBLAS fp32 GEMM plus the
-            fp32 copy of x) then the routing epilogue kernel on them (`route_from_logits` on [1, T, E]);
-  "triton"  `moe_router_triton` as dispatched: x read in bf16, 3xTF32 tl.dot, epilogue fused (prefill) or split K +
-            `_router_topk_kernel` (decode); the "cfg" column is the launch (BLOCK_T/BLOCK_K/splits);
-  "bf16x3w" the same kernel with precision="bf16x3w" (bf16 x as stored times W split into three bf16 parts: three
-            bf16 MMAs instead of 3xTF32's three TF32 ones; the candidate default for bf16 x if it is faster at the
-            same error);
-  "unsplit" (T <= 128 only) "triton" forced to one split, to show what the split-K buys at decode.
-READ: "triton" must beat "today" at every T with logit rel err ~1e-7..1e-6 and ids=f64 equal to today's count (or
-off by a near-tie); "bf16x3w" may become the bf16 default if it is faster with no larger error.
+  "today"   torch logits + the routing epilogue: logits = x.float() @ W^T in torch (IEEE fp32, TF32 off: a cuBLAS
+            fp32 GEMM plus the fp32 copy of x), then `route_from_logits` (`_router_topk_kernel`) on them;
+  "kernel"  the Triton logits kernel forced at every T (`moe_router_kernel`): x read in bf16, 3xTF32 tl.dot, epilogue
+            fused or split K + `_router_topk_kernel` by the launch rule; the "cfg" column is BLOCK_T/BLOCK_K/splits;
+  "op"      `moe_router_triton` as dispatched: "today"'s path below ROUTER_KERNEL_MIN_TOKENS, "kernel"'s from there
+            ("cfg" names the path that ran).
+READ: "op" must match the faster of "today" and "kernel" at every T (round 7 on the H200: today 13.1/20.6/25.4/411.0
+us, kernel 22.1/26.3/23.6/370.4 us at T = 1/32/128/8192), with logit rel err ~1e-7..1e-6 and ids=f64 equal to
+today's count (or off by a near-tie). If the crossing moves, move ROUTER_KERNEL_MIN_TOKENS.
 Checks, on fresh random data per T (x ~ N(0,1), W ~ N(0, 1/H) so logits ~ N(0,1), bias ~ N(0, 0.1^2)): the logits'
-relative error against a float64 reference (today: the torch fp32 logits; triton: the kernel's own logits via
-`moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4 (stable, lower id
-on ties) and the routed weights' relative error against float64 weights for each variant's own ids. Timing
+relative error against a float64 reference (the logits of the path the variant runs: torch's fp32 logits, or the
+kernel's own via `moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4
+(stable, lower id on ties) and the routed weights' relative error against float64 weights for each variant's own
+ids. Timing
 (gpu_bench_common): CUDA-graph replay over R (x, W, bias) sets totalling >= 4x the L2 (each of the 57 MoE layers has
 its own W, so W is not L2-resident in a real step), median per-call us; GB/s over x + W + outputs, % of the copy
 bandwidth measured in this run; TFLOP/s = 2 T H E / t. A variant that fails prints a row saying so.
@@ -41,11 +41,11 @@ import torch  # noqa: E402
 
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import L2_BYTES, measure_copy_bandwidth, rel_err, time_graph_us  # noqa: E402
-from ladle.kernels.moe_router import (moe_router_logits_triton, moe_router_triton, route_from_logits,  # noqa: E402
-                                      router_launch, router_logits)
+from ladle.kernels.moe_router import (moe_router_kernel, moe_router_logits_triton, moe_router_triton,  # noqa: E402
+                                      route_from_logits, router_launch, router_logits, router_path)
 
 FULL = dict(h=6144, e=128, k=4, tokens=(8192, 1, 32, 128), device="cuda")  # prefill first: the budget cuts last
-SMOKE = dict(h=256, e=12, k=4, tokens=(1, 17), device="cpu")
+SMOKE = dict(h=256, e=12, k=4, tokens=(1, 17, 128), device="cpu")  # 128: the op's kernel path
 ROWS: list[dict] = []
 
 
@@ -61,26 +61,28 @@ def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
              torch.randn(e, generator=g, device=dev) * 0.1) for _ in range(R)]
 
 
-def variants(T: int) -> list[tuple[str, int | None, str]]:
-    """(name, splits, precision) per T: splits None = the launch rule; "today" is the torch-logits path."""
-    out = [("today", None, ""), ("triton", None, "tf32x3")]
-    if T <= 128:
-        return out + [("unsplit", 1, "tf32x3")]
-    return out + [(f"split {s}", s, "tf32x3") for s in (2, 4, 8)]
+VARIANTS = ("today", "kernel", "op")
 
 
-def call(name: str, splits, prec, x, w, b, k):
+def path_of(name: str, T: int) -> str:
+    """The logits path a variant runs at T: "torch logits" or "triton logits"."""
+    return {"today": "torch logits", "kernel": "triton logits"}.get(name) or router_path(T)
+
+
+def call(name: str, x, w, b, k):
     if name == "today":
         return route_from_logits(router_logits(x, w)[None], b, k, 2.0, shared_expert=True)
-    return moe_router_triton(x, w, b, k, 2.0, shared_expert=True, splits=splits, precision=prec)
+    fn = moe_router_kernel if name == "kernel" else moe_router_triton
+    return fn(x, w, b, k, 2.0, shared_expert=True)
 
 
-def check(name: str, splits, prec, x, w, b, k) -> dict:
+def check(name: str, x, w, b, k) -> dict:
     """Errors of one call against float64 (module doc)."""
-    l64 = x.double() @ w.double().T
-    logits = (router_logits(x, w) if name == "today"
-              else moe_router_logits_triton(x, w, splits=splits, precision=prec))
-    ids, wts = call(name, splits, prec, x, w, b, k)
+    T, l64 = x.shape[0], x.double() @ w.double().T
+    splits = router_launch(T, x.shape[1], w.shape[0], x.device).splits
+    logits = (router_logits(x, w) if path_of(name, T) == "torch logits"
+              else moe_router_logits_triton(x, w, splits=splits))
+    ids, wts = call(name, x, w, b, k)
     choice = torch.sigmoid(l64) + b.double()
     rids = torch.sort(choice, dim=1, descending=True, stable=True).indices[:, :k]
     sig = torch.sigmoid(l64).gather(1, ids[:, :k].long())
@@ -96,21 +98,21 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
     sets = make_sets(s, T, R, seed=T)
     x, w, b = sets[0]
     base_us, base_ids = None, None
-    for name, splits, prec in variants(T):
-        cfg = router_launch(T, s["h"], s["e"], x.device, splits, prec or "tf32x3")
+    for name in VARIANTS:
+        cfg = router_launch(T, s["h"], s["e"], x.device)
         row = dict(variant=name, T=T, H=s["h"], E=s["e"], R=R,
-                   cfg="torch" if name == "today" else f"{cfg.block_t}/{cfg.block_k}/{cfg.splits}")
+                   cfg="torch" if path_of(name, T) == "torch logits" else f"{cfg.block_t}/{cfg.block_k}/{cfg.splits}")
         if time.time() > deadline:
             ROWS.append(dict(row, error="skipped: time budget"))
             log(json.dumps(ROWS[-1]))
             continue
         try:
-            row.update(check(name, splits, prec, x, w, b, s["k"]))
+            row.update(check(name, x, w, b, s["k"]))
             ids = row.pop("ids")
             base_ids = ids if name == "today" else base_ids
             row["ids_agree_today"] = -1 if base_ids is None else int((ids == base_ids).all(1).sum())
             if not smoke:
-                us = time_graph_us([lambda xs=xs: call(name, splits, prec, *xs, s["k"]) for xs in sets])
+                us = time_graph_us([lambda xs=xs: call(name, *xs, s["k"]) for xs in sets])
                 base_us = us if name == "today" else base_us
                 nbytes = per_set + T * (s["k"] + 1) * 8
                 row.update(us=us, tflops=2 * T * s["h"] * s["e"] / (us * 1e-6) / 1e12,

@@ -1,5 +1,5 @@
-"""MiniMax-M3 MoE router: fp32-accurate logits on tensor cores, sigmoid, biased choice, top-k, renormalise, scale,
-shared-expert column — one fused Triton op.
+"""MiniMax-M3 MoE router: fp32-accurate logits, sigmoid, biased choice, top-k, renormalise, scale, shared-expert
+column.
 
 Math (design/minimax_m3.md §3.8):
     logits = x.float() @ W.float()^T                        [T, E] fp32
@@ -10,31 +10,37 @@ Math (design/minimax_m3.md §3.8):
 With `shared_expert=True` a column k is appended with id E (the shared expert packed as expert #E of the fused
 MoE table) and weight exactly 1.0 — never renormalised, never scaled (kernels_and_limits.md §1.6).
 
+Paths, by the local token count T (`router_path`; the dispatch record names the one that ran):
+  T <  ROUTER_KERNEL_MIN_TOKENS (128): "torch logits" — `router_logits` (cuBLAS IEEE fp32 GEMM, TF32 off, on an fp32
+      copy of x), then `route_from_logits` (`_router_topk_kernel`, the routing epilogue);
+  T >= 128: "triton logits" — `moe_router_kernel`, x read in its own dtype, 3xTF32 tensor-core dot, routing fused.
+Measured on the H200 at one TP4 rank of M3 (H 6144, E 128, top-4 + shared, bf16 x; CUDA-graph us per call; torch
+logits vs Triton logits kernel; benchmarks/results/round7/kernels/call3_moe_router_ab.log): T=1 13.1 vs 22.1,
+T=32 20.6 vs 26.3, T=128 25.4 vs 23.6, T=8192 411.0 vs 370.4 (split K 2/4/8 there: 385/380/388, no better).
+
 Kernels. `_router_logits_kernel`, grid (cdiv(T, BLOCK_T), SPLITS): each program multiplies a [BLOCK_T, BLOCK_K]
 tile of x, loaded in its own dtype (bf16/fp16/fp32) and widened to fp32 in registers — no fp32 copy of x in memory —
 by the [E_P2, BLOCK_K] tile of W (fp32 as the layer stores it), accumulating [BLOCK_T, E_P2] fp32 logits over its
 K range with `tl.dot(..., input_precision="tf32x3")` (3xTF32: each operand split into a TF32 high part and a TF32
-residual, three tensor-core products; a bf16/fp16 x is exact in TF32, so its residual is zero). `precision=
-"bf16x3w"` (bf16 x only; an A/B candidate, not the default until measured) instead keeps x in bf16 and splits W
-into three bf16 parts (three bf16 MMAs, half the tensor work of 3xTF32, W kept to ~2^-24). With SPLITS = 1
-(prefill: enough row tiles to fill the GPU) the same program runs the routing epilogue `_route_rows` on the logit
-tile in registers and writes ids/weights. With SPLITS > 1 (decode: few tokens, so K is split over programs to read
-W in parallel) each program writes its fp32 partial logits to a [SPLITS, T, E] buffer and `_router_topk_kernel`
-(grid cdiv(T, 16)) sums the partials in split order (atomic-free, deterministic) and runs `_route_rows`.
-E_P2 = next power of two >= max(E, 16); experts E..E_P2-1 are masked (zero weights, -inf choice). The launch rule
-(`router_launch`) depends only on T, H, E and the device's SM count: no host sync, CUDA-graph capturable.
-Under the CPU interpreter the dot is exact fp32 ("ieee"), so CPU tests check the math.
+residual, three tensor-core products; a bf16/fp16 x is exact in TF32, so its residual is zero). With SPLITS = 1
+(enough row tiles to fill the GPU: T > ~4K at H200's 132 SMs) the same program runs the routing epilogue
+`_route_rows` on the logit tile in registers and writes ids/weights. With SPLITS > 1 (fewer row tiles, e.g. 48
+splits at T = 128: K is split over programs to read W in parallel) each program writes its fp32 partial logits to a
+[SPLITS, T, E] buffer and `_router_topk_kernel` (grid cdiv(T, 16)) sums the partials in split order (atomic-free,
+deterministic) and runs `_route_rows`. E_P2 = next power of two >= max(E, 16); experts E..E_P2-1 are masked (zero
+weights, -inf choice). The path and launch rules (`router_path`, `router_launch`) depend only on T, H, E and the
+device's SM count: no host sync, CUDA-graph capturable. Under the CPU interpreter the kernel's dot is exact fp32
+("ieee"), so CPU tests check the math.
 
-Accuracy contract. Logits: each product x_k W_ek carries <~ 2^-21 relative error (3xTF32 drops the residual x
-residual term and rounds the residual products to TF32; bf16x3w leaves ~2^-24 of W), then fp32 accumulation adds
-the summation error any fp32 GEMM has (its order differs between kernels; cuBLAS differs from itself across split-K
-choices): in practice |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound it by 1e-5 x that; the A/B prints the
-measured error). The logits are reproducible bit for bit for a given T on a given device; across T (decode vs
-prefill) the split and tile differ and a logit may differ in its last bits. Routing is discrete: an exact tie of
-sig + bias on the computed fp32 logits picks the lower expert id (as `moe_router_ref`'s stable sort does); a
-near-tie whose margin is within the logit error above may pick either expert, and may differ from the torch fp32
-GEMM of the reference, which is not order-exact either. Weights are then within ~1e-6 relative of the reference's
-for the same ids.
+Accuracy contract. Logits: on the Triton path each product x_k W_ek carries <~ 2^-21 relative error (3xTF32 drops
+the residual x residual term and rounds the residual products to TF32), then fp32 accumulation adds the summation
+error any fp32 GEMM has (its order differs between kernels; cuBLAS differs from itself across split-K choices): on
+either path |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound it by 1e-5 x that; the A/B prints the measured
+error). The logits are reproducible bit for bit for a given T on a given device; across T (path, split and tile
+differ) a logit may differ in its last bits. Routing is discrete: an exact tie of sig + bias on the computed fp32
+logits picks the lower expert id (as `moe_router_ref`'s stable sort does); a near-tie whose margin is within the
+logit error above may pick either expert, and may differ from the torch fp32 GEMM of the reference, which is not
+order-exact either. Weights are then within ~1e-6 relative of the reference's for the same ids.
 
 The torch reference `moe_router_ref` (x.float() @ W^T in IEEE fp32, TF32 off, stable sort) is the spec.
 """
@@ -51,9 +57,11 @@ from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
 OP = "moe_router"
-dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by a 3xTF32 tl.dot inside the kernel")
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch below 128 tokens, else by a "
+                                 "3xTF32 tl.dot inside the kernel")
 
 EPILOGUE_BLOCK_T = 16  # token rows per program of `_router_topk_kernel`
+ROUTER_KERNEL_MIN_TOKENS = 128  # local tokens from which the Triton logits kernel runs (module doc: measured)
 
 
 @triton.jit
@@ -91,43 +99,16 @@ def _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_expert
 
 
 @triton.jit
-def _dot_acc(xt, wt, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + xt @ wt^T in fp32: xt [BLOCK_T, BLOCK_K] as loaded (x's dtype), wt [E_P2, BLOCK_K] fp32.
-    "tf32x3": tl.dot's 3xTF32 on fp32 operands. "bf16x3w": xt bf16 as stored times W split into three bf16 parts
-    w1 + w2 + w3 (each the bf16 rounding of what the previous parts left; the sum is W to ~2^-24), three bf16 MMAs,
-    smallest part first. INTERPRET: the CPU interpreter (whose bf16 dot is not exact): every product in fp32 "ieee"
-    (the bf16 parts are still formed, so the split's math is checked)."""
-    if PRECISION == "bf16x3w":
-        w1 = wt.to(tl.bfloat16)
-        r = wt - w1.to(tl.float32)
-        w2 = r.to(tl.bfloat16)
-        w3 = (r - w2.to(tl.float32)).to(tl.bfloat16)
-        if INTERPRET:
-            xf = xt.to(tl.float32)
-            acc = tl.dot(xf, tl.trans(w3.to(tl.float32)), acc, input_precision="ieee")
-            acc = tl.dot(xf, tl.trans(w2.to(tl.float32)), acc, input_precision="ieee")
-            acc = tl.dot(xf, tl.trans(w1.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xt, tl.trans(w3), acc)
-            acc = tl.dot(xt, tl.trans(w2), acc)
-            acc = tl.dot(xt, tl.trans(w1), acc)
-    elif INTERPRET:
-        acc = tl.dot(xt.to(tl.float32), tl.trans(wt), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(xt.to(tl.float32), tl.trans(wt), acc, input_precision="tf32x3")
-    return acc
-
-
-@triton.jit
 def _router_logits_kernel(
     x_ptr, w_ptr, bias_ptr, part_ptr, ids_ptr, wts_ptr,
     num_tokens, hidden, num_experts, stride_xt, stride_we, k_chunk, scaling,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, E_P2: tl.constexpr, EVEN_K: tl.constexpr,
-    PRECISION: tl.constexpr, INTERPRET: tl.constexpr, FUSED: tl.constexpr, TOPK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FUSED: tl.constexpr, TOPK: tl.constexpr,
     OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
 ):
-    """Logits of BLOCK_T tokens over K range [split * k_chunk, +k_chunk): routed in registers (FUSED) or stored as
-    fp32 partials part[split, t, e]."""
+    """Logits of BLOCK_T tokens over K range [split * k_chunk, +k_chunk), x widened to fp32 in registers, products
+    by DOT_PRECISION ("tf32x3"; "ieee" under the interpreter): routed in registers (FUSED) or stored as fp32
+    partials part[split, t, e]."""
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = rows < num_tokens
@@ -148,7 +129,7 @@ def _router_logits_kernel(
             k_ok = ks < k_end
             xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _dot_acc(xt, wt.to(tl.float32), acc, PRECISION, INTERPRET)
+        acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=DOT_PRECISION)
     if FUSED:
         _route_rows(acc, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, wts_ptr, num_experts, scaling,
                     BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
@@ -190,20 +171,18 @@ class RouterLaunch:
     k_chunk: int
     num_warps: int
     num_stages: int
-    precision: str = "tf32x3"
 
 
-PRECISIONS = ("tf32x3", "bf16x3w")
+def router_path(num_tokens: int) -> str:
+    """The op's path at `num_tokens` local tokens (module doc): "torch logits" or "triton logits"."""
+    return "triton logits" if num_tokens >= ROUTER_KERNEL_MIN_TOKENS else "torch logits"
 
 
 def router_launch(num_tokens: int, hidden: int, num_experts: int, device: torch.device,
-                  splits: Optional[int] = None, precision: str = "tf32x3") -> RouterLaunch:
+                  splits: Optional[int] = None) -> RouterLaunch:
     """The launch rule (module doc). Row tile 16/32/64 tokens; split K only while the row tiles fill less than half
     of the SMs, into about one program per SM, capped so the partial buffer (splits x T x E fp32) is no larger than
-    W; `splits` overrides the split count (rounded so that every split has whole BLOCK_K steps). `precision`: the
-    logits' products (`_dot_acc`): "tf32x3" (any x dtype) or "bf16x3w" (bf16 x only; A/B candidate)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"router precision {precision!r}: ladle offers {PRECISIONS}")
+    W; `splits` overrides the split count (rounded so that every split has whole BLOCK_K steps)."""
     e_p2 = max(16, triton.next_power_of_2(num_experts))
     block_t = 16 if num_tokens <= 16 else 32 if num_tokens <= 32 else 64
     block_k = 32 if e_p2 <= 128 else 16
@@ -214,8 +193,7 @@ def router_launch(num_tokens: int, hidden: int, num_experts: int, device: torch.
     k_chunk = triton.cdiv(triton.cdiv(hidden, max(1, splits)), block_k) * block_k
     # sm_90 ptxas (triton 3.6, E 128): no register spills at these tiles and warps, fused epilogue included
     return RouterLaunch(block_t, block_k, e_p2, triton.cdiv(hidden, k_chunk), k_chunk,
-                        num_warps=4 if block_t == 16 else 8, num_stages=3 if num_tokens > 64 else 2,
-                        precision=precision)
+                        num_warps=4 if block_t == 16 else 8, num_stages=3 if num_tokens > 64 else 2)
 
 
 def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
@@ -232,7 +210,7 @@ def route_from_logits(partials: torch.Tensor, e_score_correction_bias: Optional[
                       routed_scaling_factor: float = 1.0, shared_expert: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """`_router_topk_kernel` alone: partials [S, T, E] fp32 contiguous (S = 1: finished logits) -> (ids, weights)
-    as `moe_router_triton` returns them. The split-K path's second pass, and the A/B's "torch logits" baseline."""
+    as `moe_router_triton` returns them. The "torch logits" path's routing and the split-K launch's second pass."""
     S, T, E = partials.shape
     assert partials.dtype == torch.float32 and partials.is_contiguous() and 1 <= top_k <= E
     cols = top_k + int(shared_expert)
@@ -258,6 +236,19 @@ def _bias(e_score_correction_bias: Optional[torch.Tensor], E: int, placeholder: 
 
 
 def moe_router_triton(
+    x: torch.Tensor, gate_weight: torch.Tensor, e_score_correction_bias: Optional[torch.Tensor], top_k: int,
+    routed_scaling_factor: float = 1.0, shared_expert: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's fast path, by `router_path(T)`: "torch logits" (`router_logits` + `route_from_logits`) below
+    ROUTER_KERNEL_MIN_TOKENS, else "triton logits" (`moe_router_kernel`). Arguments and returns as
+    `moe_router_kernel`."""
+    if router_path(x.shape[0]) == "triton logits":
+        return moe_router_kernel(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)
+    return route_from_logits(router_logits(x, gate_weight)[None], e_score_correction_bias, top_k,
+                             routed_scaling_factor, shared_expert)
+
+
+def moe_router_kernel(
     x: torch.Tensor,  # [T, hidden] activations, bf16/fp16/fp32 (read in place; rows may be strided)
     gate_weight: torch.Tensor,  # [E, hidden] router weight (fp32 as the layer stores it)
     e_score_correction_bias: Optional[torch.Tensor],  # [E] fp32, choice only
@@ -265,10 +256,11 @@ def moe_router_triton(
     routed_scaling_factor: float = 1.0,
     shared_expert: bool = False,
     *,
-    splits: Optional[int] = None,  # split-K override (tests, A/B); None = `router_launch`'s rule
-    precision: str = "tf32x3",  # `router_launch`; "bf16x3w" needs bf16 x
+    splits: Optional[int] = None,  # split-K override (tests); None = `router_launch`'s rule
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (topk_ids [T, k(+1)] int32, topk_weights [T, k(+1)] fp32); the shared column, if any, is last."""
+    """The "triton logits" path at any T (the op's from ROUTER_KERNEL_MIN_TOKENS; tests and the A/B force it):
+    `_router_logits_kernel`, fused epilogue or split K + `_router_topk_kernel`. Returns (topk_ids [T, k(+1)] int32,
+    topk_weights [T, k(+1)] fp32); the shared column, if any, is last."""
     assert x.dim() == 2 and gate_weight.dim() == 2 and x.shape[1] == gate_weight.shape[1]
     T, H = x.shape
     E = gate_weight.shape[0]
@@ -279,7 +271,7 @@ def moe_router_triton(
                 torch.empty((0, cols), dtype=torch.float32, device=x.device))
     x = x if x.stride(1) == 1 else x.contiguous()
     gate_weight = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
-    cfg = router_launch(T, H, E, x.device, splits, precision)
+    cfg = router_launch(T, H, E, x.device, splits)
     if cfg.splits > 1:
         part = torch.empty((cfg.splits, T, E), dtype=torch.float32, device=x.device)
         _launch_logits(x, gate_weight, cfg, part)
@@ -291,14 +283,13 @@ def moe_router_triton(
     return ids, ws
 
 
-def moe_router_logits_triton(x: torch.Tensor, gate_weight: torch.Tensor, splits: Optional[int] = 1,
-                             precision: str = "tf32x3") -> torch.Tensor:
+def moe_router_logits_triton(x: torch.Tensor, gate_weight: torch.Tensor, splits: Optional[int] = 1) -> torch.Tensor:
     """The kernel's [T, E] fp32 logits alone (tests, A/B): `_router_logits_kernel` into a [splits, T, E] partial
     buffer; splits = 1 gives exactly the logits the fused epilogue routes, splits > 1 their torch sum over splits
     (within rounding of `_router_topk_kernel`'s in-order sum)."""
     T, H = x.shape
     E = gate_weight.shape[0]
-    cfg = router_launch(max(T, 1), H, E, x.device, splits, precision)
+    cfg = router_launch(max(T, 1), H, E, x.device, splits)
     part = torch.zeros((cfg.splits, T, E), dtype=torch.float32, device=x.device)
     if T:
         _launch_logits(x if x.stride(1) == 1 else x.contiguous(), gate_weight.contiguous(), cfg, part)
@@ -312,15 +303,13 @@ def _launch_logits(x: torch.Tensor, gate_weight: torch.Tensor, cfg: RouterLaunch
     T, H = x.shape
     E = gate_weight.shape[0]
     fused = isinstance(out, tuple)
-    if cfg.precision == "bf16x3w" and x.dtype != torch.bfloat16:
-        raise ValueError(f"router precision 'bf16x3w' multiplies bf16 x as stored; x is {x.dtype} (use 'tf32x3')")
     assert not fused or cfg.splits == 1
     part, (ids, ws) = (None, out) if fused else (out, (out, out))
     _router_logits_kernel[(triton.cdiv(T, cfg.block_t), cfg.splits)](
         x, gate_weight, _bias(bias, E, gate_weight), part if part is not None else ws, ids, ws,
         T, H, E, x.stride(0), gate_weight.stride(0), cfg.k_chunk, float(scaling),
         BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, E_P2=cfg.e_p2, EVEN_K=H % cfg.block_k == 0,
-        PRECISION=cfg.precision, INTERPRET=interpreting(), FUSED=fused, TOPK=top_k, OUT_COLS=top_k + int(shared),
+        DOT_PRECISION="ieee" if interpreting() else "tf32x3", FUSED=fused, TOPK=top_k, OUT_COLS=top_k + int(shared),
         OUT_P2=triton.next_power_of_2(top_k + int(shared)),
         HAS_BIAS=fused and bias is not None, SHARED=shared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -350,8 +339,9 @@ def moe_router(
     x: torch.Tensor, gate_weight: torch.Tensor, e_score_correction_bias: Optional[torch.Tensor], top_k: int,
     routed_scaling_factor: float = 1.0, shared_expert: bool = False, *, use_triton: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatching entry point (records op "moe_router")."""
+    """Dispatching entry point: `moe_router_triton` when asked for (`use_triton`) and eligible, else
+    `moe_router_ref`; recorded as op "moe_router", the bucket naming the fast path's `router_path`."""
     reason = triton_ok(x, gate_weight)
-    run_fast = decide_triton(OP, x.shape[0], use_triton, reason)
+    run_fast = decide_triton(OP, x.shape[0], use_triton, reason, path=router_path(x.shape[0]))
     fn = moe_router_triton if run_fast else moe_router_ref
     return fn(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)
