@@ -53,8 +53,10 @@ DECODE_MAX_TOKENS = 64  # decode sizes: ~1-2 rows per routed expert at top-4 ove
 dispatch.register(OP_DECODE, "triton-swapab", f"W4A16 at <= {DECODE_MAX_TOKENS} tokens; bf16 activations on cuda "
                   "(float32 under the interpreter)")
 
-# (shift of the magnitude bits, shift of the sign bit) placing nibble J of a byte at bits 6-8 and 15 of a bf16
-NIBBLE_SHIFTS = ((6, 12), (2, 8))
+# Nibble J of the bytes at bits 0-7 and 16-23: (mask keeping it, multiplier adding two shifted copies -- magnitude
+# to bits 6-8 / 22-24, sign to 15 / 31 -- that do not overlap, so the product has no carries into the kept bits)
+NIBBLE_MASK_MUL = ((0x000F000F, (1 << 6) + (1 << 12)), (0x00F000F0, (1 << 2) + (1 << 8)))
+NIBBLE_KEEP = 0x81C081C0  # sign and magnitude bits of two bf16 halves
 _TWO_POW_126: tl.constexpr = tl.constexpr(8.507059173023462e37)
 
 
@@ -75,11 +77,17 @@ DECODE_TILE = DecodeTile()
 
 def nibble_asm(j: int) -> str:
     """PTX of `_e2m1_nibble` (pack 2: $1 holds bytes b0 | b1 << 8, $0 gets bf16 of nibble j of b0 (low half) and
-    of b1 (high half)): spread the bytes to bits 0 and 16, shift magnitude and sign into the bf16 layout, x 2^126."""
-    sm, ss = NIBBLE_SHIFTS[j]
-    return ("{ .reg .b32 t, a, c; cvt.u32.u16 t, $1; prmt.b32 t, t, 0, 0x4140; "
-            f"shl.b32 a, t, {sm}; shl.b32 c, t, {ss}; and.b32 a, a, 0x01C001C0; and.b32 c, c, 0x80008000; "
-            "or.b32 a, a, c; mov.b32 c, 0x7E807E80; mul.rn.bf16x2 $0, a, c; }")
+    of b1 (high half)): spread the bytes to bits 0 and 16 (PRMT), keep nibble j, place magnitude and sign with one
+    multiply (NIBBLE_MASK_MUL), keep those bits: each half is then E2M1 x 2^-126 as a bf16 (the 0.5 code the
+    subnormal 2^-127), x 2^126 (exact)."""
+    mask, mul = NIBBLE_MASK_MUL[j]
+    return ("{ .reg .b32 t, a; cvt.u32.u16 t, $1; prmt.b32 t, t, 0, 0x4140; "
+            f"and.b32 a, t, {mask:#010x}; mul.lo.u32 a, a, {mul:#x}; and.b32 a, a, {NIBBLE_KEEP:#010x}; "
+            "mov.b32 t, 0x7E807E80; mul.rn.bf16x2 $0, a, t; }")
+
+
+_NIBBLE_PTX_LO: tl.constexpr = tl.constexpr(nibble_asm(0))
+_NIBBLE_PTX_HI: tl.constexpr = tl.constexpr(nibble_asm(1))
 
 
 @triton.jit
@@ -88,11 +96,17 @@ def _e2m1_nibble(b, J: tl.constexpr, ASM: tl.constexpr):
     each, exact: bf16 from the inline PTX (ASM; pure unary, so the tile stays in the wgmma A registers) or float32
     from the same bit placement in Triton ops (the interpreter)."""
     if ASM:
-        return tl.inline_asm_elementwise(asm=nibble_asm(J), constraints="=r,h", args=[b], dtype=tl.bfloat16,
-                                         is_pure=True, pack=2)
-    n = ((b.to(tl.int32) & 0xFF) >> (4 * J)) & 0xF
-    bits = ((n & 7) << 22) | ((n & 8) << 28)  # magnitude into float32 bits 22-24, sign into bit 31
-    return bits.to(tl.float32, bitcast=True) * _TWO_POW_126
+        if J == 0:
+            v = tl.inline_asm_elementwise(asm=_NIBBLE_PTX_LO, constraints="=r,h", args=[b], dtype=tl.bfloat16,
+                                          is_pure=True, pack=2)
+        else:
+            v = tl.inline_asm_elementwise(asm=_NIBBLE_PTX_HI, constraints="=r,h", args=[b], dtype=tl.bfloat16,
+                                          is_pure=True, pack=2)
+    else:
+        n = ((b.to(tl.int32) & 0xFF) >> (4 * J)) & 0xF
+        bits = ((n & 7) << 22) | ((n & 8) << 28)  # magnitude into float32 bits 22-24, sign into bit 31
+        v = bits.to(tl.float32, bitcast=True) * _TWO_POW_126
+    return v
 
 
 @triton.jit
@@ -108,7 +122,7 @@ def _group_dot(acc, w_ptrs, s_ptrs, n_ok, xe, xo, ASM: tl.constexpr, F32_DOT: tl
     else:
         part = tl.dot(_e2m1_nibble(b, 0, ASM), xe)
         part = tl.dot(_e2m1_nibble(b, 1, ASM), xo, part)
-    scale = tl.where(s == 0, 0x400000, s << 23).to(tl.float32, bitcast=True)
+    scale = tl.maximum(s << 23, 0x400000).to(tl.float32, bitcast=True)  # byte 0: 2^-127 (bits 0x400000)
     return acc + part * scale[:, None]
 
 
