@@ -37,6 +37,8 @@ Variants (one kernel pair, constexpr FP8_ACT; op names for ladle.observe.dispatc
                                 accumulator, and the step's partial is multiplied by a_scale[:, None] once. fp8 x fp8
                                 dots would need the weight scale applied per 32-group after the dot (E2M1 x 2^(s-127)
                                 leaves e4m3's range), i.e. the K = 32 dots this layout removes.
+Decode path: at <= 64 tokens W4A16 runs ladle/kernels/fused_moe_mxfp4_decode.py instead (swap AB, the dequantised
+weight tile in the wgmma A registers; op "fused_moe_mxfp4_decode" in the dispatch record); `path` forces either.
 Same structure as ladle/kernels/fused_moe.py (shared `moe_launch_plan`, `moe_tile_rows`, `store_swigluoai`, the
 combine op `moe_combine`): GEMM 1 with the swigluoai epilogue into intermediate [P, I] (x dtype), GEMM 2 with the
 routed weight into per-slot rows, combine over the k slots. Reference `fused_moe_mxfp4_ref`: dequantise (exact),
@@ -52,9 +54,9 @@ import torch
 from ladle.kernels._common import decide_triton, interpreting, tl, triton, triton_ok
 from ladle.kernels.fp8_quant import MX_GROUP, act_quant, dequant_mxfp4
 from ladle.kernels.fused_moe_fp8 import w8a8_moe_ref
-from ladle.kernels.fused_moe_mxfp4_decode import OP_DECODE, decode_ineligible, fused_moe_mxfp4_decode
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, fused_moe_ref,
                                      moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, store_swigluoai)
+from ladle.kernels.fused_moe_mxfp4_decode import OP_DECODE, decode_ineligible, fused_moe_mxfp4_decode
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 

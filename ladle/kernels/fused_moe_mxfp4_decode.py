@@ -4,27 +4,36 @@ partial. Same tables, routing and outputs as the wide-K-step kernels of ladle/ke
 there); chosen by `fused_moe_mxfp4_triton` at <= DECODE_MAX_TOKENS tokens (bf16 activations, or float32 under the
 interpreter), which records the choice under this op name in ladle.observe.dispatch.
 
-Why (offline sm_90 compiles: Triton 3.6 -> ptxas, the launch's constexprs, the inner loop's SASS x 128 threads /
-weight elements per iteration; budget at 4.2 TB/s over 132 SMs: ~3.5 instructions per element).
-  wide kernel (fused_moe_mxfp4.py, GEMM 2 decode tile 16 x 64, BK 128): 7.1 per element; the TTGIR puts every
-      dequantised [NW, BN] tile through shared memory (8 local_alloc + local_load per step, STS 16 + LDSM 8 +
-      BAR 8 per iteration): mma.sync needs both operands in its register layout, the bits are computed in a
-      blocked layout. H200: 20% of copy bandwidth at M = 32 / 128 (benchmarks/results/round4/mxfp4_ab.log).
-  swap AB as the wide kernel (out^T = W x^T, weights = A [64, K] of m64n16k16 wgmma): 8.7 -- Triton hoists the
-      A layout conversion above elementwise ops only when (TritonGPU OptimizeDotOperands, MMAv3 hoisting): the
-      chain from ONE load has no narrowing op (the int32 word -> bf16 half `trunci` blocks it), no second load
-      (a scale tile multiplied in blocks it), and any inline asm in it is pure and unary.
+Why (offline sm_90 compiles: Triton 3.6 -> ptxas 13.0 via triton.compile(ASTSource, GPUTarget("cuda", 90, 32)) with
+the launch's constexprs, cuobjdump -sass of the cubin; "per element" = the inner loop's SASS count x 128 threads /
+weight elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs is ~3.5 per element).
+  wide kernel (fused_moe_mxfp4.py; decode tiles GEMM 1 16 x 32, GEMM 2 16 x 64, BK 128): 9.1 per element with
+      its default f32 dequant, 7.1 with dequant="bf16"; the TTGIR puts every dequantised tile through shared
+      memory (GEMM 2: 9 local_alloc + local_load per step; STS 16 + LDSM 8 + BAR 8 per iteration): mma.sync
+      wants both operands in its register layout, the bits are computed in a blocked layout. H200: 20% of copy
+      bandwidth at M = 32 / 128 (benchmarks/results/round4/mxfp4_ab.log).
+  swap AB on the wide kernel's words (out^T = W x^T, weights the A [64, K] of m64n16k16 wgmma): 8.7 -- still a
+      shared-memory round trip. Triton (OptimizeDotOperands, MMAv3 hoisting) moves the A-operand layout
+      conversion up to the load only when the chain from ONE load has no narrowing op (int32 word -> bf16 half
+      `trunci` blocks it), no second load (a scale tile multiplied in blocks it: tried u8 -> i16 -> bf16 bits,
+      uitofp, integer exponent add) and any inline asm in it is pure and unary.
   this kernel: bytes [BN, 16] (one 32-group of BN rows) -> pure unary inline PTX (pack 2: two bytes in, two bf16
-      out, nibble J of each) -> wgmma A in registers (TTGIR: the packed bytes are the only dot-operand
-      local_load, no local_alloc of a dequantised tile), two K = 16 dots per group (even / odd elements),
-      part * 2^(s - 127) added in fp32: 6.3 per element (BN 64, 4 groups per iteration; 6.9 with activations read
-      at stride 2 instead of the de-interleaved copy below). Dequant itself: PRMT + 2 shifts + 2 LOP3 + HMUL2
-      (x 2^126) per two elements, + FFMA 0.5 per element (the group scale on the [64, 16] partial).
-  Not reached: the 3.5 budget. The remaining counts are the nibble placement (2 shifts + 2 LOP3 per pair: sign
-      and magnitude need different shifts in this nibble order; no order of 4 pairs in a word lets one shift
-      serve both: checked exhaustively) and Triton's byte handling. A layout re-laid at load (a halfword holding
-      nibbles of two groups) would allow 16-bit packed tiles (4.3 per element offline without the scale) but
-      changes every reader of the tables; not done here.
+      out, nibble J of each) -> wgmma A in registers (TTGIR: no local_alloc of a dequantised tile; the packed
+      bytes are the only A-side local_load), two K = 16 dots per group (even / odd elements), the fp32 partial
+      x 2^(s - 127) added to the accumulator. BN 64, BT 16, 4 warps, 3 stages, no spills:
+          groups per iteration G     2     4 (default)  8
+          GEMM 2 per element       6.4     5.8          5.5   (58 / 60 / 68 registers; 10 / 20 / 40 KB smem)
+          GEMM 1 per element       5.6     5.1          4.9   (66 / 75 / 83 registers)
+      BN 128 loses the hoist (convert_layout + STS again: 9.0). Dequant per two elements: PRMT (shared by both
+      nibbles) + LOP3 + IMAD + LOP3 + HMUL2 (`nibble_asm`: one multiply places magnitude and sign, 2.1 per
+      element) + FFMA 0.5 per element (the group scale on the [64, 16] partial, as cheap as scaling the tile).
+      The rest: the byte tile's LDS, the x tiles' cp.async, a wgmma wait per dot (the partial feeds the FFMA),
+      descriptors, scale loads.
+  Not reached: the 3.5 budget. A 16-bit packed tile (two bytes per element of the hoisted load) measured 4.3
+      per element offline before its scale, but needs each dot inside one 32-group: a layout re-laid at load
+      (halfword = the same byte of two groups) that every reader of the tables would have to follow; not done.
+      Whether 5.8 is enough is for the H200 to say (the wide kernel's 7.1 ran at 20%, so the count is not the
+      whole story): benchmarks/gpu_mxfp4_decode_ab.py.
 Activations: the B tile of group g is x[t, 32 g + 2 c + J] (c < 16); the launcher passes x de-interleaved per
 32-group ([even 16 | odd 16]; one small copy of x [T, H]) and GEMM 1 stores the intermediate in the same order, so
 both B tiles are contiguous rows that the pipeliner streams with cp.async.

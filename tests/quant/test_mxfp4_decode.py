@@ -9,6 +9,7 @@
    (byte 0) to 2^6; float32 activations, so kernel and reference differ by summation order only: < 1e-5.
 3. Dispatch: the launcher takes the decode path at <= 64 tokens (W4A16, no wide-kernel option) and records it as
    op "fused_moe_mxfp4_decode"; above, or with FP8 activations, the record shows why not.
+4. (gpu) The real TP4-rank shapes in bf16: the decode path as close to the reference as the wide kernel.
 """
 
 from __future__ import annotations
@@ -108,3 +109,23 @@ def test_dispatch_records_why_not_decode():
     assert set(reasons) == {"65 tokens > 64", "W4A8 (fp8 activations)"}
     with pytest.raises(AssertionError, match="not eligible"):
         fused_moe_mxfp4_triton(x, w13_p, w13_s, w2_p, w2_s, ids, wts, fp8_activations=True, path="decode")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 17, 64])
+def test_decode_path_gpu_real_shapes(T):
+    """TP4 rank of M3 (H 6144, I_r 768, 128 experts + shared row, top-4), bf16: the PTX dequant on the GPU equals
+    the reference as closely as the wide kernel does (bf16 intermediate and output: ~3e-3)."""
+    H, I, E = 6144, 768, 128
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ids, wts = moe_router_triton(x, torch.randn(E, H, device="cuda", generator=gen), torch.zeros(E, device="cuda"),
+                                 4, 2.0, shared_expert=True)
+    tabs = [t for rows, cols in ((2 * I, H), (H, I))
+            for t in (torch.stack(p) for p in zip(*[quantize_mxfp4(torch.randn(rows, cols, device="cuda",
+                                                                               generator=gen) / cols ** 0.5)
+                                                    for _ in range(E + 1)]))]
+    out = fused_moe_mxfp4_triton(x, *tabs, ids, wts)
+    ref = fused_moe_mxfp4_ref(x, *tabs, ids, wts)
+    wide = fused_moe_mxfp4_triton(x, *tabs, ids, wts, path="wide")
+    assert _rel(out, ref) < 2e-2 and _rel(out, ref) < 1.5 * _rel(wide, ref) + 1e-4
