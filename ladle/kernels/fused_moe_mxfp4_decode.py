@@ -59,8 +59,8 @@ from ladle.observe import dispatch
 
 OP_DECODE = "fused_moe_mxfp4_decode"
 DECODE_MAX_TOKENS = 64  # decode sizes: ~1-2 rows per routed expert at top-4 over 128 experts
-dispatch.register(OP_DECODE, "triton-swapab", f"W4A16 at <= {DECODE_MAX_TOKENS} tokens; bf16 activations on cuda "
-                  "(float32 under the interpreter)")
+dispatch.register(OP_DECODE, "triton-swapab", f"W4A16 at <= {DECODE_MAX_TOKENS} tokens; bf16 (or float32) "
+                  "activations; cuda sm_90+ (or cpu+TRITON_INTERPRET)")
 
 # Nibble J of the bytes at bits 0-7 and 16-23: (mask keeping it, multiplier adding two shifted copies -- magnitude
 # to bits 6-8 / 22-24, sign to 15 / 31 -- that do not overlap, so the product has no carries into the kept bits)
@@ -209,6 +209,8 @@ def decode_ineligible(x: torch.Tensor, fp8_activations: bool) -> Optional[str]:
         return f"{x.shape[0]} tokens > {DECODE_MAX_TOKENS}"
     if x.dtype not in (torch.bfloat16, torch.float32):
         return f"x {x.dtype} (the PTX dequant feeds bf16 MMAs; float32 runs fp32 dots)"
+    if x.is_cuda and torch.cuda.get_device_capability(x.device) < (9, 0):
+        return "needs sm_90 (mul.rn.bf16x2, wgmma)"
     return None
 
 
