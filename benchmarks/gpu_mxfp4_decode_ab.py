@@ -43,7 +43,7 @@ from ladle.kernels.fused_moe_mxfp4_decode import DecodeTile, fused_moe_mxfp4_dec
 
 MX4_BPW, FP8_BPW = 0.5 + 1 / 32, 1 + 4 / 128
 DECODE_TILES = {"decode": DecodeTile(), "decode G2": DecodeTile(groups=2), "decode G8": DecodeTile(groups=8),
-                "decode G4 s4": DecodeTile(num_stages=4)}
+                "decode BN128 w8": DecodeTile(block_n=128, num_warps=8)}
 
 
 def fp8_tables(bf16):

@@ -24,7 +24,8 @@ weight elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs i
           groups per iteration G     2     4 (default)  8
           GEMM 2 per element       6.4     5.8          5.5   (58 / 60 / 68 registers; 10 / 20 / 40 KB smem)
           GEMM 1 per element       5.6     5.1          4.9   (66 / 75 / 83 registers)
-      BN 128 loses the hoist (convert_layout + STS again: 9.0). Dequant per two elements: PRMT (shared by both
+      BN 128 with 4 warps loses the hoist (convert_layout + STS again: 9.0); with 8 warps (one warpgroup per 64
+      rows) it keeps it: 5.9 / 5.4 (G 4; an A/B row). Dequant per two elements: PRMT (shared by both
       nibbles) + LOP3 + IMAD + LOP3 + HMUL2 (`nibble_asm`: one multiply places magnitude and sign, 2.1 per
       element) + FFMA 0.5 per element (the group scale on the [64, 16] partial, as cheap as scaling the tile).
       The rest: the byte tile's LDS, the x tiles' cp.async, a wgmma wait per dot (the partial feeds the FFMA),
