@@ -4,9 +4,9 @@ partial. Same tables, routing and outputs as the wide-K-step kernels of ladle/ke
 there); chosen by `fused_moe_mxfp4_triton` at <= DECODE_MAX_TOKENS tokens (bf16 activations, or float32 under the
 interpreter), which records the choice under this op name in ladle.observe.dispatch.
 
-Why (offline sm_90 compiles: Triton 3.6 -> ptxas 13.0 via triton.compile(ASTSource, GPUTarget("cuda", 90, 32)) with
-the launch's constexprs, cuobjdump -sass of the cubin; "per element" = the inner loop's SASS count x 128 threads /
-weight elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs is ~3.5 per element).
+Why (offline sm_90 compiles, benchmarks/offline_sass_mxfp4.py: Triton 3.6 -> ptxas 13.0 for cuda:90 with the
+launch's constexprs, cuobjdump of the cubin; "per element" = the inner loop's SASS count x threads / weight
+elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs is ~3.5 per element).
   wide kernel (fused_moe_mxfp4.py; decode tiles GEMM 1 16 x 32, GEMM 2 16 x 64, BK 128): 9.1 per element with
       its default f32 dequant, 7.1 with dequant="bf16"; the TTGIR puts every dequantised tile through shared
       memory (GEMM 2: 9 local_alloc + local_load per step; STS 16 + LDSM 8 + BAR 8 per iteration): mma.sync
@@ -22,10 +22,10 @@ weight elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs i
       bytes are the only A-side local_load), two K = 16 dots per group (even / odd elements), the fp32 partial
       x 2^(s - 127) added to the accumulator. BN 64, BT 16, 4 warps, 3 stages, no spills:
           groups per iteration G     2     4 (default)  8
-          GEMM 2 per element       6.4     5.8          5.5   (58 / 60 / 68 registers; 10 / 20 / 40 KB smem)
+          GEMM 2 per element       6.3     5.8          5.4   (58 / 60 / 68 registers; 10 / 20 / 40 KB smem)
           GEMM 1 per element       5.6     5.1          4.9   (66 / 75 / 83 registers)
-      BN 128 with 4 warps loses the hoist (convert_layout + STS again: 9.0); with 8 warps (one warpgroup per 64
-      rows) it keeps it: 5.9 / 5.4 (G 4; an A/B row). Dequant per two elements: PRMT (shared by both
+      BN 128 with 4 warps loses the hoist (convert_layout + STS again: 8.9 / 8.6); with 8 warps (one warpgroup
+      per 64 rows) it keeps it: GEMM 2 5.4, GEMM 1 5.0 (G 4; an A/B row). Dequant per two elements: PRMT (shared by both
       nibbles) + LOP3 + IMAD + LOP3 + HMUL2 (`nibble_asm`: one multiply places magnitude and sign, 2.1 per
       element) + FFMA 0.5 per element (the group scale on the [64, 16] partial, as cheap as scaling the tile).
       The rest: the byte tile's LDS, the x tiles' cp.async, a wgmma wait per dot (the partial feeds the FFMA),
