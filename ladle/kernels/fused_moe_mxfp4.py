@@ -37,6 +37,8 @@ Variants (one kernel pair, constexpr FP8_ACT; op names for ladle.observe.dispatc
                                 accumulator, and the step's partial is multiplied by a_scale[:, None] once. fp8 x fp8
                                 dots would need the weight scale applied per 32-group after the dot (E2M1 x 2^(s-127)
                                 leaves e4m3's range), i.e. the K = 32 dots this layout removes.
+Decode path: at <= 64 tokens W4A16 runs ladle/kernels/fused_moe_mxfp4_decode.py instead (swap AB, the dequantised
+weight tile in the wgmma A registers; op "fused_moe_mxfp4_decode" in the dispatch record); `path` forces either.
 Same structure as ladle/kernels/fused_moe.py (shared `moe_launch_plan`, `moe_tile_rows`, `store_swigluoai`, the
 combine op `moe_combine`): GEMM 1 with the swigluoai epilogue into intermediate [P, I] (x dtype), GEMM 2 with the
 routed weight into per-slot rows, combine over the k slots. Reference `fused_moe_mxfp4_ref`: dequantise (exact),
@@ -54,6 +56,7 @@ from ladle.kernels.fp8_quant import MX_GROUP, act_quant, dequant_mxfp4
 from ladle.kernels.fused_moe_fp8 import w8a8_moe_ref
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, fused_moe_ref,
                                      moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, store_swigluoai)
+from ladle.kernels.fused_moe_mxfp4_decode import OP_DECODE, decode_ineligible, fused_moe_mxfp4_decode
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -220,7 +223,7 @@ def fused_moe_mxfp4_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
     config: Optional[MoETileConfig] = None, fp8_activations: bool = False, block_k: Optional[int] = None,
-    dequant: str = "f32",
+    dequant: str = "f32", path: Optional[str] = None,
 ) -> torch.Tensor:
     """x [T, H] float, w13 / w2 packed MXFP4 with E8M0 scales (module doc), topk_ids [T, k] int32,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. H and I must be multiples of 32. fp8_activations: W4A8 (x and
@@ -229,7 +232,9 @@ def fused_moe_mxfp4_triton(
     tests run) or "bf16" (`_e2m1_pair` in bf16 arithmetic, fewer instructions per element; it relies on the GPU
     keeping bf16 subnormals, unverified: fp32-dot launches, incl. the interpreter, always use "f32"): the A/B switch
     of benchmarks/gpu_mxfp4_ab.py. The default is "f32" until an H200 run shows the bf16 rows' error equal to the f32
-    rows' (this kernel has not run on a GPU yet, 2026-12-01)."""
+    rows' (this kernel has not run on a GPU yet, 2026-12-01). path: "decode" (ladle/kernels/fused_moe_mxfp4_decode.py)
+    or "wide" (this module's kernels); None: decode when its rule (`decode_ineligible`) passes and no wide-kernel
+    option (config, block_k, dequant) is given, recorded as op "fused_moe_mxfp4_decode" in the dispatch record."""
     T, H = x.shape
     E, two_i, half_h = w13.shape
     I = two_i // 2
@@ -240,6 +245,8 @@ def fused_moe_mxfp4_triton(
     k = check_routing(topk_ids, topk_weights, T)
     if T == 0:
         return torch.empty_like(x)
+    if _use_decode(x, fp8_activations, path, config is None and block_k is None and dequant == "f32"):
+        return fused_moe_mxfp4_decode(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, k, alpha, limit)
     cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(
         topk_ids, E, H, I, config, MX_GROUP, "w4a8" if fp8_activations else "mxfp4")
     bm, P = cfg.block_m, sorted_ids.numel()
@@ -262,6 +269,18 @@ def fused_moe_mxfp4_triton(
         BM=bm, BN=bn2, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
         BF16=bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return moe_combine(out_slots, T, k, x.dtype, use_triton=True)
+
+
+def _use_decode(x: torch.Tensor, fp8_activations: bool, path: Optional[str], auto: bool) -> bool:
+    """Path choice of `fused_moe_mxfp4_triton` from the local shape (see its doc)."""
+    assert path in (None, "decode", "wide"), f"path {path!r}: 'decode' or 'wide'"
+    reason = decode_ineligible(x, fp8_activations)
+    if path is not None:
+        assert path == "wide" or reason is None, f"decode path not eligible: {reason}"
+        return path == "decode"
+    if not auto:
+        return False
+    return dispatch.decide(OP_DECODE, dispatch.tokens_bucket(x.shape[0]), configured=True, ineligible_reason=reason)
 
 
 def fused_moe_mxfp4_ref(

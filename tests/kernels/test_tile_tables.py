@@ -98,7 +98,7 @@ def test_each_launcher_asks_for_its_family(monkeypatch):
     assert torch.isfinite(out).all()
     fused_moe_fp8_triton(x, *_experts(quantize_fp8_rows), ids, wts)
     fused_moe_fp8_triton(x, *_experts(quantize_mxfp8), ids, wts)
-    fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, wts)
+    fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, wts, path="wide")  # decode path: own DecodeTile
     fused_moe_mxfp4_triton(x, *_experts(quantize_mxfp4), ids, wts, fp8_activations=True)
     assert asked == ["bf16", "fp8", "mxfp8", "mxfp4", "w4a8"]
 
