@@ -119,3 +119,24 @@ def test_scaled_mm_gpu_against_reference(m):
         dispatch.reset()
         assert _rel(fp8_linear(x, w_q, w_s, use_triton=True), ref) < 1e-2
         assert dispatch.snapshot()["ops"]["fp8_gemm_scaled_mm"]["buckets"][dispatch.tokens_bucket(m)]["executed"] == 1
+
+
+@pytest.mark.gpu
+def test_scaled_mm_path_in_a_cuda_graph():
+    """M = 128 (a decode graph size at or above SCALED_MM_MIN_TOKENS): fp8_linear captured in a CUDA graph and
+    replayed on new x equals an eager call on that x bit for bit (same path, same launch), and the path is
+    scaled_mm."""
+    assert fp8_gemm.SCALED_MM_MIN_TOKENS <= 128
+    w_q, w_s = quantize_fp8_rows(torch.randn(2688, 6144, device="cuda") / 6144 ** 0.5)
+    x = torch.randn(128, 6144, device="cuda", dtype=torch.bfloat16)
+    fp8_linear(x, w_q, w_s, use_triton=True)  # eager first: the device probe runs outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fp8_linear(x, w_q, w_s, use_triton=True)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    dispatch.reset()
+    eager = fp8_linear(x, w_q, w_s, use_triton=True)
+    assert torch.equal(y, eager)
+    assert dispatch.snapshot()["ops"]["fp8_gemm_scaled_mm"]["buckets"][dispatch.tokens_bucket(128)]["executed"] == 1
