@@ -42,8 +42,8 @@ from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_ref, fused_moe_mxfp4_t
 from ladle.kernels.fused_moe_mxfp4_decode import DecodeTile, fused_moe_mxfp4_decode  # noqa: E402
 
 MX4_BPW, FP8_BPW = 0.5 + 1 / 32, 1 + 4 / 128
-DECODE_TILES = {"decode": DecodeTile(), "decode G2": DecodeTile(groups=2), "decode G8": DecodeTile(groups=8),
-                "decode BN128 w8": DecodeTile(block_n=128, num_warps=8)}
+DECODE_TILES = {"decode": DecodeTile(), "decode G4": DecodeTile(groups=4), "decode G8": DecodeTile(groups=8),
+                "decode BN128 w8": DecodeTile(block_n=128, num_warps=8)}  # "decode" = the default tile (2 groups)
 
 
 def fp8_tables(bf16):

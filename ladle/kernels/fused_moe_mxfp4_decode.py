@@ -77,11 +77,16 @@ class DecodeTile:
 
     block_t: int = 16
     block_n: int = 64
-    groups: int = 4
+    groups: int = 2
     num_warps: int = 4
     num_stages: int = 3
 
 
+# H200, 2026-12-02 (benchmarks/gpu_mxfp4_decode_ab.py, results/round7/final/mxfp4_decode_ab.log; TP4-rank shapes,
+# near-uniform routing): 2 groups per iteration 98 / 548 / 837 us at M = 1 / 32 / 128 (1.11x / 1.23x / 1.33x the
+# wide kernel, 9-27% of copy bandwidth over the MXFP4 bytes), 4 groups 1.03x / 1.20x / 1.24x, 8 groups and 128 rows
+# x 8 warps 0.6-1.0x; same relative error as the wide kernel (2.5e-3 vs float64). Still far from the FP8 kernel
+# (2.1x faster at M = 32 on twice the bytes): the goal of >= 60% of copy bandwidth is not reached.
 DECODE_TILE = DecodeTile()
 
 
