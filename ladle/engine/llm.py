@@ -57,6 +57,9 @@ class LLM:
     setting the model's config refuses, before anything loads or a process starts. A dropped LLM stops its engine."""
 
     def __init__(self, model: Optional[str] = None, *, bundle: Optional[EngineBundle] = None, **kwargs: Any) -> None:
+        if "served_model_name" in kwargs:  # a serving field: the offline LLM reports no model name anywhere
+            raise ConfigError("served_model_name: the offline LLM serves no API and reports no model name; it is the "
+                              "name `ladle serve MODEL --served-model-name NAME` answers to", source="LLM(...) call")
         if bundle is None:
             if "engine_core_process" not in kwargs:  # vLLM's offline default (multiprocessing) where it pays
                 kwargs["engine_core_process"] = default_engine_core_process(str(kwargs.get("device", "auto")))

@@ -226,6 +226,14 @@ def test_refused_settings_are_one_config_error_before_a_process_starts(tiny_m3_d
         LLM(os.path.join(tiny_m3_dir, "missing"), engine_core_process=in_own_process, **ENGINE)
 
 
+def test_served_model_name_is_refused(tiny_m3_dir, monkeypatch):
+    """A serving field: the offline LLM reports no model name, so it is refused (ladle generate refuses the flag
+    too), before anything loads."""
+    monkeypatch.setattr(offline_core, "spawn_core", lambda *_: pytest.fail("a core process was started"))
+    with pytest.raises(ConfigError, match="served_model_name: the offline LLM serves no API"):
+        LLM(tiny_m3_dir, served_model_name="m", **ENGINE)
+
+
 def test_request_output_carries_the_prompt_text(pair):
     """vLLM's quickstart reads `output.prompt`: the text given, None for a token-id prompt."""
     params = SamplingParams(max_tokens=2, temperature=0.0)
