@@ -283,7 +283,8 @@ def scaled_mm_support(device: torch.device) -> Optional[str]:
 def _probe_scaled_mm(device: torch.device) -> Optional[str]:
     """One 128 x 128 x 512 block-scaled product through `fp8_gemm_scaled_mm`, checked against `fp8_gemm_ref`
     (relative error < 1e-3: the two differ by summation order and the tensor cores' fp8 accumulation inside a K
-    block, ~1e-4 at most); K groups of very different ranges so a misread scale layout shows. Returns None or the reason (the exception's first line, or the error)."""
+    block, ~1e-4 at most); K groups of very different ranges so a misread scale layout shows. Returns None or the
+    reason (the exception's first line, or the error)."""
     major, minor = torch.cuda.get_device_capability(device)
     if major != 9:
         return f"sm_{major}{minor}: torch._scaled_mm's block-wise 1x128 recipe (cuBLASLt) runs on sm_90 only"

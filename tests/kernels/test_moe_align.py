@@ -1,4 +1,4 @@
-"""MoE align (ladle/kernels/moe_align.py): both paths vs `moe_align_ref` (the alignment contract), counters zero after."""
+"""MoE align (ladle/kernels/moe_align.py): both paths vs `moe_align_ref` (the alignment contract), counters zero."""
 
 from __future__ import annotations
 
