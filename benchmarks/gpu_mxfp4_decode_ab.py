@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import measure_copy_bandwidth, rel_err, time_graph_us  # noqa: E402
-from benchmarks.gpu_mxfp4_ab import FULL, SMOKE, build_weights, inputs  # noqa: E402
+from benchmarks.gpu_mxfp4_ab import FULL, SMOKE, build_weights, inputs, save  # noqa: E402
 from ladle.kernels.fp8_quant import quantize_fp8_rows  # noqa: E402
 from ladle.kernels.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT  # noqa: E402
 from ladle.kernels.fused_moe_fp8 import fused_moe_fp8_ref, fused_moe_fp8_triton  # noqa: E402
@@ -142,14 +142,6 @@ def main(argv=None):
         print(fmt(row, base if isinstance(base, float) else None))
     save(args.out, bw, s, rows)
     return 0
-
-
-def save(path, bw, s, rows):
-    try:
-        with open(path, "w") as f:
-            json.dump({"copy_GBps": bw, "shapes": s, "rows": rows}, f, indent=1)
-    except OSError as exc:
-        print(f"could not write {path}: {exc}")
 
 
 if __name__ == "__main__":
