@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Serve the M3 TP4-rank proxy (dummy weights, LAYERS layers) and drive it with `ladle bench serve` at each "C:PROMPTS"
 # point, 8192 in / 1024 out (range ratio 0.1), scraping /metrics around each point (device_idle, steps).
-# Usage: bash .carry/m3_serve.sh TAG LAYERS "C:N C:N" "serve extra flags"
+# Usage: bash .carry/m3_serve.sh TAG LAYERS "C:N[:LABEL] C:N[:LABEL]" "serve extra flags"
+# A point's LABEL (optional) names its files c<C><LABEL>.json, so a point can repeat. With DEBUG_DUMP=1, after each
+# point: the Triton cache's cubin count (TRITON_CACHE_DIR) and a summary of /debug/steps and /debug/shapes
+# (round8/scripts/steps_summary.py) go to <TAG>/debug_c<C><LABEL>.txt.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 if [ ! -d /tmp/peer/site ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -20,14 +23,17 @@ until curl -sf http://127.0.0.1:$PORT/health >/dev/null 2>&1; do
 done
 echo "$TAG startup_s=$(( $(date +%s) - t0 ))"; grep -iE "weight|KV|capacity|tokens" $D/server.log | head -8
 for p in $POINTS; do
-  c=${p%:*}; n=${p#*:}
-  curl -s http://127.0.0.1:$PORT/metrics | grep -E "^ladle:(step_host_seconds|engine_steps)" > $D/metrics_c${c}_before.txt
+  IFS=: read -r c n lab <<< "$p"
+  curl -s http://127.0.0.1:$PORT/metrics | grep -E "^ladle:(step_host_seconds|engine_steps)" > $D/metrics_c${c}${lab}_before.txt
+  t_point=$(date +%s.%N)
   timeout ${BENCH_S:-400} python3 -m ladle bench serve --backend vllm --base-url http://127.0.0.1:$PORT --model m --tokenizer $M \
     --dataset-name random --random-input-len 8192 --random-output-len 1024 --random-range-ratio 0.1 --num-prompts $n \
     --max-concurrency $c --request-rate inf --ignore-eos --num-warmups 1 --seed 7 --percentile-metrics ttft,tpot,itl,e2el \
-    --save-result --result-dir $D --result-filename c$c.json > $D/bench_c$c.log 2>&1 || tail -5 $D/bench_c$c.log
-  curl -s http://127.0.0.1:$PORT/metrics | grep -E "^ladle:(step_host_seconds|engine_steps)" > $D/metrics_c${c}_after.txt
-  python3 - $D $c <<'PY'
+    --save-result --result-dir $D --result-filename c$c$lab.json > $D/bench_c$c$lab.log 2>&1 || tail -5 $D/bench_c$c$lab.log
+  curl -s http://127.0.0.1:$PORT/metrics | grep -E "^ladle:(step_host_seconds|engine_steps)" > $D/metrics_c${c}${lab}_after.txt
+  [ -n "$DEBUG_DUMP" ] && { echo "triton cubins: $(find ${TRITON_CACHE_DIR:-$HOME/.triton/cache} -name '*.cubin' | wc -l)";
+    python3 benchmarks/results/round8/scripts/steps_summary.py http://127.0.0.1:$PORT $t_point $D/ops_c$c$lab.json; } > $D/debug_c$c$lab.txt 2>&1
+  python3 - $D $c$lab <<'PY'
 import json, re, sys
 d, c = sys.argv[1], sys.argv[2]
 def read(p):
