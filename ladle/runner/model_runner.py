@@ -44,6 +44,7 @@ from ladle.runner.launched_step import LaunchedStep
 from ladle.runner.op_backends import op_backends
 from ladle.runner.request_state import RequestState, StaticSampling, build_sampling_tensors, build_static_sampling
 from ladle.runner.sampler import Sampler, compute_logprobs
+from ladle.runner.warmup import warm_up_kernels
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -110,6 +111,10 @@ class ModelRunner:
                     (self.num_blocks - 1) * self.block_size, self.num_blocks, self.block_size, self.kv_dtype,
                     self.kv_cache_bytes / 2**20, bytes_per_block(self.kv_cache_specs, self.block_size, self.kv_dtype))
         self.graphs = self._maybe_capture_graphs()
+        if self.device.type == "cuda":  # compile the served steps' Triton variants now (ladle/runner/warmup.py)
+            steps, seconds = warm_up_kernels(self)
+            logger.info("kernel warm-up: %d step shapes up to %d tokens in %.1f s", steps,
+                        scheduler_config.max_num_batched_tokens, seconds)
 
     def _maybe_capture_graphs(self):
         """Decode CUDA graphs (ladle/runner/cuda_graph.py) for the resolved --cuda-graph-sizes (empty on CPU, with

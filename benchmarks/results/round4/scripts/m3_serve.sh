@@ -21,7 +21,8 @@ until curl -sf http://127.0.0.1:$PORT/health >/dev/null 2>&1; do
   sleep 2; kill -0 $SP 2>/dev/null || { echo "$TAG server died"; tail -30 $D/server.log; exit 1; }
   [ $(( $(date +%s) - t0 )) -gt 300 ] && { echo "$TAG server not up"; kill $SP; exit 1; }
 done
-echo "$TAG startup_s=$(( $(date +%s) - t0 ))"; grep -iE "weight|KV|capacity|tokens" $D/server.log | head -8
+echo "$TAG startup_s=$(( $(date +%s) - t0 ))"; grep -iE "weight|KV|capacity|tokens|warm-up" $D/server.log | head -9
+[ -n "$DEBUG_DUMP" ] && echo "$TAG triton cubins after startup: $(find ${TRITON_CACHE_DIR:-$HOME/.triton/cache} -name '*.cubin' | wc -l)"
 for p in $POINTS; do
   IFS=: read -r c n lab <<< "$p"
   curl -s http://127.0.0.1:$PORT/metrics | grep -E "^ladle:(step_host_seconds|engine_steps)" > $D/metrics_c${c}${lab}_before.txt
