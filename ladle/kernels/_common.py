@@ -166,6 +166,18 @@ def decide_triton(op: str, num_tokens: int, use_triton: bool, reason: Optional[s
 FP8_KV_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
 
 
+# Smallest REQS_P2 (`reqs_p2`): one compiled variant for every step of up to 255 requests.
+REQS_P2_MIN = 256
+
+
+def reqs_p2(num_reqs: int) -> int:
+    """The constexpr width of a kernel's one-vector request lookup over query_start_loc [num_reqs + 1]: the next
+    power of two of num_reqs + 1, at least REQS_P2_MIN. A width per batch size would compile one binary per power
+    of two of the live request count (up to 8 for --max-num-seqs 128, each at the first step that needs it: a
+    served step's seconds, ladle/runner/warmup.py); the masked lanes cost one 1 KiB load from L2 per program."""
+    return max(REQS_P2_MIN, triton.next_power_of_2(num_reqs + 1))
+
+
 def is_fp8(dtype: torch.dtype) -> bool:
     """True for the FP8 cache dtypes (float8_e4m3fn, float8_e5m2)."""
     return dtype in FP8_KV_NAMES

@@ -65,7 +65,7 @@ from typing import Optional
 import torch
 
 from ladle.kernels._common import (check_cache_dtype, decide_triton, dequantize_ref, interpreting, num_sms,
-                                   pow2_dot_reason, tl, triton, triton_ok)
+                                   pow2_dot_reason, reqs_p2, tl, triton, triton_ok)
 from ladle.kernels.paged_attention import gather_sequence, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
@@ -461,7 +461,7 @@ def msa_indexer_triton(
         B, T, max_blocks,
         index_q.stride(0), index_q.stride(1), index_k_cache.stride(0), index_k_cache.stride(1), block_table.stride(0),
         float(index_k_scale), NUM_HEADS=H, HEAD_DIM=D, BLOCK_SIZE=bs, BLOCK_Q=block_q, NUM_SPLITS=cfg.num_splits,
-        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=bool(vec_search),
+        REQS_P2=reqs_p2(B), VEC_SEARCH=bool(vec_search),
         FP32_IEEE=index_q.dtype == torch.float32 or interpreting(), FUSED_TOPK=bool(fused), TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), NB_P2=nb_p2, RANK_SELECT=nb_p2 <= 128, PAGES_P2=cfg.pages_p2,
         PAGES_PER_ITER=cfg.pages_per_iter, FP8_BITS=cfg.fp8_bit_cast, num_warps=num_warps,

@@ -64,7 +64,7 @@ from typing import Optional
 import torch
 
 from ladle.kernels._common import (LOG2E, check_cache_dtype, check_cache_pair, decide_triton, dequantize_ref,
-                                   interpreting, num_sms, pow2_dot_reason, tl, triton, triton_ok)
+                                   interpreting, num_sms, pow2_dot_reason, reqs_p2, tl, triton, triton_ok)
 from ladle.kernels.msa_sparse_attention_merge import _merge_kernel, merge_group
 from ladle.kernels.paged_attention import gather_sequence, masked_attention_ref, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
@@ -356,7 +356,7 @@ def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, pos
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=Hq // Hkv, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
-        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=vec_search,
+        REQS_P2=reqs_p2(B), VEC_SEARCH=vec_search,
         num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 3,
     )
 
@@ -439,7 +439,7 @@ def msa_sparse_attention_triton(
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
         TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
         FP32_IEEE=q.dtype == torch.float32 or interpreting(), SPLIT_DECODE=num_splits > 1,
-        REQS_P2=triton.next_power_of_2(B + 1), VEC_SEARCH=bool(vec_search), FUSED_MERGE=fused,
+        REQS_P2=reqs_p2(B), VEC_SEARCH=bool(vec_search), FUSED_MERGE=fused,
         num_warps=num_warps or (8 if big and num_splits == 1 else 4), num_stages=num_stages or 2,
     )
     if num_splits > 1 and not fused:

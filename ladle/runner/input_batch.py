@@ -102,6 +102,17 @@ def _logits_rows(q: np.ndarray, qsl: np.ndarray, sample: np.ndarray, p: np.ndarr
     return indices, per_req.tolist(), sample_rows, prompt_rows
 
 
+# Block-table widths are multiples of this: the width reaches the kernels as an integer argument and a stride, which
+# Triton specialises by divisibility by 16, so an exact width would compile two binaries of each kernel and the
+# second at a served step (ladle/runner/warmup.py). Padding columns hold the null block 0, as short rows always did.
+TABLE_WIDTH_ALIGN = 16
+
+
+def table_width(num_blocks: int) -> int:
+    """Block-table columns for a longest row of `num_blocks` blocks: rounded up to TABLE_WIDTH_ALIGN (>= it)."""
+    return max(1, -(-num_blocks // TABLE_WIDTH_ALIGN)) * TABLE_WIDTH_ALIGN
+
+
 def _table_from_chunks(chunks: list[ScheduledChunk], width: int) -> np.ndarray:
     """[B, width] int32 block table padded with the null block 0."""
     table = np.zeros((len(chunks), width), np.int32)
@@ -141,7 +152,7 @@ def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: to
     q = [len(c.token_ids) for c in chunks]  # [B]
     starts = [c.start_position for c in chunks]  # [B] context lens
     seq_lens = [s + n for s, n in zip(starts, q)]  # [B]
-    width = max(len(c.block_ids) for c in chunks)
+    width = table_width(max(len(c.block_ids) for c in chunks))
     assert min(q) >= 1, "empty chunk"
     assert all((e + block_size - 1) // block_size <= len(c.block_ids) for e, c in zip(seq_lens, chunks)), (
         f"block tables too short: {[len(c.block_ids) for c in chunks]} blocks for {seq_lens} tokens")
@@ -151,6 +162,8 @@ def build_batch_inputs(chunks: list[ScheduledChunk], block_size: int, device: to
     has_prompt_logprobs = any(c.prompt_logprob_positions for c in chunks)
     if block_table is None:
         block_table = _table_from_chunks(chunks, width)
+    if block_table.shape[1] < width:  # a caller's table of the exact width: pad to the aligned one
+        block_table = np.pad(block_table, ((0, 0), (0, width - block_table.shape[1])))
     table = np.ascontiguousarray(block_table[:, :width], dtype=np.int32)  # [B, width]
     if max_query_len == 1:  # decode: one token per request, position = context length
         input_ids, positions = [c.token_ids[0] for c in chunks], starts

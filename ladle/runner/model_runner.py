@@ -37,7 +37,7 @@ from ladle.core.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
 from ladle.core.sampling_params import SamplingParams
 from ladle.distributed.parallel_state import all_reduce_min_int
 from ladle.layers.attention.metadata import ForwardContext, set_forward_context
-from ladle.runner.input_batch import BatchInputs, build_batch_inputs, to_device
+from ladle.runner.input_batch import BatchInputs, build_batch_inputs, table_width, to_device
 from ladle.runner.kv_cache import (allocate_kv_caches, bytes_per_block, check_fits_max_model_len,
                                    kv_cache_torch_dtype, num_blocks_for_bytes)
 from ladle.runner.launched_step import LaunchedStep
@@ -86,8 +86,7 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         # Persistent host block table: one row per live request, written incrementally (block lists only grow
         # while the runner holds a request's state), gathered per step. Padding entries are 0 (null block).
-        self._block_table_cpu = np.zeros((max(1, scheduler_config.max_num_seqs),
-                                          -(-self.max_model_len // self.block_size)), np.int32)
+        self._block_table_cpu = np.zeros((max(1, scheduler_config.max_num_seqs), self._max_table_width()), np.int32)
         self._free_rows = list(range(self._block_table_cpu.shape[0] - 1, -1, -1))
         # (serials of the sampling rows, their StaticSampling, max top logprobs or None when none asked)
         self._static_cache: Optional[tuple[tuple[int, ...], StaticSampling, Optional[int]]] = None
@@ -116,6 +115,10 @@ class ModelRunner:
             logger.info("kernel warm-up: %d step shapes up to %d tokens in %.1f s", steps,
                         scheduler_config.max_num_batched_tokens, seconds)
 
+    def _max_table_width(self) -> int:
+        """Block-table columns of a max_model_len sequence, aligned as every step's table is (input_batch.py)."""
+        return table_width(-(-self.max_model_len // self.block_size))
+
     def _maybe_capture_graphs(self):
         """Decode CUDA graphs (ladle/runner/cuda_graph.py) for the resolved --cuda-graph-sizes (empty on CPU, with
         --enforce-eager, or with the TORCH attention backend, which is not graph-safe). None means every step runs
@@ -126,7 +129,7 @@ class ModelRunner:
         from ladle.runner.cuda_graph import CudaGraphRunner
 
         graphs = CudaGraphRunner(self.model, self.kv_caches, sizes=sizes,
-                                 max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+                                 max_blocks_per_seq=self._max_table_width(),
                                  block_size=self.block_size, device=self.device, backends=self.backends)
         graphs.capture()
         return graphs
@@ -264,8 +267,8 @@ class ModelRunner:
             # the usual decode step feeds the previous step's sampled rows in their order
             placeholders = (placeholder_chunks,
                             np.arange(len(ids)) if ids == last.sample_ids else [last.row_of(rid) for rid in ids])
-        batch = build_batch_inputs(chunks, self.block_size, self.device, self._block_table_cpu[rows, :width],
-                                   placeholders)
+        table = self._block_table_cpu[rows, :table_width(width)]
+        batch = build_batch_inputs(chunks, self.block_size, self.device, table, placeholders)
         if placeholders:  # on the device, stream-ordered after the step that samples them: no host round trip
             batch.input_ids.index_copy_(0, batch.placeholder_dst,
                                         self._last_step.sampled.index_select(0, batch.placeholder_src))

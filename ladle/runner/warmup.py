@@ -8,11 +8,18 @@ Measured on the H200 (benchmarks/results/round8/README.md, call 1): the FP8 60-l
 c = 32 line in 78.3 s on a cold Triton cache and in 60.4 s when the same server ran it again; a single 8,922-token
 prefill took 12.1 s cold against 0.37 s warm.
 
-What runs: for every token bucket (powers of two up to max_num_batched_tokens, and that value itself) four steps
+What runs: for every token bucket (powers of two up to max_num_batched_tokens, and that value itself) five steps
 through the model's forward, logits and the sampler (greedy and random draws):
-  - two mixed steps of exactly T and T - 5 tokens (decode rows with a cached context, a prefill chunk over a cached
-    context, fresh prefill chunks; different request counts), the shape of a chunked-prefill step;
+  - three mixed steps, the shape of a chunked-prefill step: decode rows over a cached context, a prefill chunk over
+    that context, fresh prefill chunks. T tokens with 16 requests and T - 5 tokens with 9, both with a context of
+    max_model_len (served decode rows have long contexts: the block-table width, and the indexer's NB_P2 from it,
+    is the longest row's), and 3T/5 tokens with 7 requests over a short context (moe_align's chunk width is the
+    power of two of T x (top-k + 1), which changes inside a token bucket);
   - two single-request prefills of min(T, max_model_len) and 3 tokens fewer (one request: the `== 1` specialisation).
+What stays uncovered compiles at its first step as before: e.g. a step whose longest row is shorter than the
+warm-up's (a smaller NB_P2). Two kernel-side rules keep the variant count small: the request-lookup width has one
+value up to 255 requests (ladle/kernels/_common.py `reqs_p2`) and block tables are 16-column aligned
+(ladle/runner/input_batch.py `table_width`).
 The steps use the real KV pool's blocks (ids from 1: the pool is empty at startup) and zero those blocks afterwards,
 so the pool is as allocated (all zeros) when serving starts; the runner's request state, block table and sampler
 are not touched (the draws use a sampler of their own). The token ids are a fixed pseudo-random sequence so the
@@ -53,33 +60,37 @@ def token_buckets(max_num_tokens: int) -> list[int]:
     return out + [max_num_tokens]
 
 
-def _mixed_step(num_tokens: int, num_decodes: int, max_num_seqs: int, max_model_len: int, block_size: int) -> Step:
-    """A chunked-prefill step of exactly `num_tokens` tokens: up to `num_decodes` decode rows over a cached context,
-    one prefill chunk over a cached context, fresh prefill chunks of <= max_model_len; [] when the request cap or
-    max_model_len cannot make that many tokens."""
-    context = min(block_size + 3, max_model_len - 2)  # a cached context that ends inside its second block
-    decodes = max(0, min(num_decodes, num_tokens - 2, max_num_seqs - 2))
+def _mixed_step(num_tokens: int, num_reqs: int, context: int, max_num_seqs: int, max_model_len: int) -> Step:
+    """A chunked-prefill step of exactly `num_tokens` tokens and, where it can, `num_reqs` requests: decode rows over a
+    cached context of `context` tokens, one prefill chunk over the same context, fresh prefill chunks of
+    <= max_model_len; [] when the request cap or max_model_len cannot make that many tokens."""
+    context = max(1, min(context, max_model_len - 2))
+    fresh = -(-max(0, num_tokens - (max_model_len - context)) // max_model_len)  # chunks from 0 beyond the context one
+    decodes = max(0, min(num_reqs - 1 - fresh, num_tokens - 2, max_num_seqs - 1 - fresh))
     chunks: Step = [(context, 1)] * decodes
     left = num_tokens - decodes
-    if left > 0 and context > 0:
-        q = min(left, max_model_len - context)
-        chunks.append((context, q))
-        left -= q
+    q = min(left, max_model_len - context)
+    chunks.append((context, q))
+    left -= q
     while left > 0 and len(chunks) < max_num_seqs:
         q = min(left, max_model_len)
         chunks.append((0, q))
         left -= q
-    return chunks if left == 0 and chunks else []
+    return chunks if left == 0 else []
 
 
 def warmup_step_shapes(max_num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int) -> list[Step]:
     """The warm-up steps (module docstring), each a list of (start_position, num_tokens) chunks; every step has at
     most max_num_tokens tokens and max_num_seqs chunks, and no chunk ends past max_model_len."""
+    long_context, short_context = max_model_len - 2, block_size + 3
     steps: list[Step] = []
     for t in token_buckets(max_num_tokens):
-        for tokens, decodes in ((t, 7), (t - 5, 8)):
+        mixed = ((t, 16, long_context),  # a request count divisible by 16
+                 (t - 5, 9, long_context),  # a token count that is not
+                 (-(-3 * t // 5), 7, short_context))  # T * (top-k + shared) in the power of two below t's
+        for tokens, reqs, context in mixed:
             if tokens >= 2:
-                steps.append(_mixed_step(tokens, decodes, max_num_seqs, max_model_len, block_size))
+                steps.append(_mixed_step(tokens, reqs, context, max_num_seqs, max_model_len))
         single = min(t, max_model_len)
         steps += [[(0, single)], [(0, single - 3)] if single > 3 else []]
     seen, out = set(), []

@@ -130,7 +130,7 @@ def test_logits_layout_with_prompt_logprobs():
     assert md.query_start_loc.tolist() == [0, 4, 5, 8]
     assert md.seq_lens.tolist() == [4, 17, 7] and md.context_lens.tolist() == [0, 16, 4]
     assert md.slot_mapping.tolist() == [16, 17, 18, 19, 3 * 16 + 0, 64 + 4, 64 + 5, 64 + 6]
-    assert md.block_table.tolist() == [[1, 0], [2, 3], [4, 0]]
+    assert md.block_table.tolist() == [r + [0] * 14 for r in ([1, 0], [2, 3], [4, 0])]  # 16-column aligned
     assert batch.positions.tolist() == [0, 1, 2, 3, 16, 4, 5, 6]
 
 

@@ -32,6 +32,9 @@ def test_step_shapes_cover_each_bucket_within_the_limits(max_tokens, max_seqs, m
         if t >= 16:
             assert t - 5 in totals, f"no step of {t} - 5 tokens (not a multiple of 16)"
         assert min(t, max_len) in single, "no single-request prefill (the == 1 specialisation)"
+        if t >= 32 and max_seqs >= 16 and t <= max_len:
+            assert any(len(s) == 16 and sum(q for _, q in s) == t for s in shapes), "16 requests (divisible by 16)"
+            assert -(-3 * t // 5) in totals, "T x (top-k + 1) in the power of two below"
     mixed = [s for s in shapes if any(q == 1 and start > 0 for start, q in s)]
     if max_seqs > 2:
         assert mixed and all(any(start > 0 and q > 1 for start, q in s) for s in mixed if sum(q for _, q in s) > 16), \
@@ -81,3 +84,19 @@ def test_warm_up_writes_the_kv_pool_before_zeroing_it(monkeypatch):
     warm_up_kernels(runner)
     assert torch.count_nonzero(runner.kv_caches[0].key_cache[1:3]) > 0
     assert not torch.count_nonzero(runner.kv_caches[0].key_cache[0]), "the null block is never written"
+
+
+def test_variant_rules_table_width_and_request_lookup_width():
+    """The two rules that keep one compiled variant where a width per step made several (module docstring)."""
+    import numpy as np
+
+    from ladle.core.outputs import ScheduledChunk
+    from ladle.kernels._common import reqs_p2
+    from ladle.runner.input_batch import build_batch_inputs, table_width
+
+    assert [table_width(n) for n in (0, 1, 16, 17, 88)] == [16, 16, 16, 32, 96]
+    assert [reqs_p2(b) for b in (1, 31, 255, 256)] == [256, 256, 256, 512]
+    chunks = [ScheduledChunk("a", [1, 2, 3], 0, [5], True), ScheduledChunk("b", [4], 20, [6, 7], True)]
+    exact = np.array([[5, 0], [6, 7]], np.int32)  # a caller's table of the exact width is padded with block 0
+    table = build_batch_inputs(chunks, 16, torch.device("cpu"), exact).attn_metadata.block_table
+    assert table.shape == (2, 16) and table[:, :2].tolist() == exact.tolist() and not table[:, 2:].any()

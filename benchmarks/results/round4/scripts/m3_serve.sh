@@ -22,7 +22,7 @@ until curl -sf http://127.0.0.1:$PORT/health >/dev/null 2>&1; do
   [ $(( $(date +%s) - t0 )) -gt 300 ] && { echo "$TAG server not up"; kill $SP; exit 1; }
 done
 echo "$TAG startup_s=$(( $(date +%s) - t0 ))"; grep -iE "weight|KV|capacity|tokens|warm-up" $D/server.log | head -9
-[ -n "$DEBUG_DUMP" ] && echo "$TAG triton cubins after startup: $(find ${TRITON_CACHE_DIR:-$HOME/.triton/cache} -name '*.cubin' | wc -l)"
+[ -n "$DEBUG_DUMP" ] && { echo "$TAG triton cubins after startup: $(find ${TRITON_CACHE_DIR:-$HOME/.triton/cache} -name '*.cubin' | wc -l)"; touch /tmp/m3_serve_started; }
 for p in $POINTS; do
   IFS=: read -r c n lab <<< "$p"
   curl -s http://127.0.0.1:$PORT/metrics | grep -E "^ladle:(step_host_seconds|engine_steps)" > $D/metrics_c${c}${lab}_before.txt
@@ -33,6 +33,7 @@ for p in $POINTS; do
     --save-result --result-dir $D --result-filename c$c$lab.json > $D/bench_c$c$lab.log 2>&1 || tail -5 $D/bench_c$c$lab.log
   curl -s http://127.0.0.1:$PORT/metrics | grep -E "^ladle:(step_host_seconds|engine_steps)" > $D/metrics_c${c}${lab}_after.txt
   [ -n "$DEBUG_DUMP" ] && { echo "triton cubins: $(find ${TRITON_CACHE_DIR:-$HOME/.triton/cache} -name '*.cubin' | wc -l)";
+    echo "compiled since startup: $(find ${TRITON_CACHE_DIR:-$HOME/.triton/cache} -name '*.cubin' -newer /tmp/m3_serve_started -printf '%f ' | sort)";
     python3 benchmarks/results/round8/scripts/steps_summary.py http://127.0.0.1:$PORT $t_point $D/ops_c$c$lab.json; } > $D/debug_c$c$lab.txt 2>&1
   python3 - $D $c$lab <<'PY'
 import json, re, sys

@@ -8,7 +8,7 @@ BENCH_S=${BENCH_S:-170} bash benchmarks/results/round4/scripts/m3_serve.sh ${TAG
   "${FLAGS:---quantization fp8 --kv-cache-dtype fp8} --max-num-batched-tokens 32768 --gpu-memory-utilization 0.95 --observe-timing --observe-timing-interval 8"
 D=$OUT/${TAG:-fp8_60}
 grep -E "warm-up|memory profile|KV cache:|engine ready" $D/server.log | cut -c1-200
-for f in $D/debug_*.txt; do echo "== $f"; sed -n 1,8p $f | cut -c1-400; done
+for f in $D/debug_*.txt; do echo "== $f"; sed -n 1,9p $f | cut -c1-400; done
 cd $OUT && python3 - $D <<'PY'
 import json, glob, sys
 for f in glob.glob(sys.argv[1] + "/c*.json"):
