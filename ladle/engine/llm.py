@@ -1,4 +1,5 @@
-"""The offline API: `LLM(model=None, **engine_kwargs).generate(prompts, sampling_params)`.
+"""The offline API: `LLM(model=None, **engine_kwargs).generate(prompts, sampling_params)`, and `.chat(messages,
+sampling_params)` (vLLM's: conversations through the chat template, then generate).
 
 Where the engine core runs (`engine_core_process`, an EngineConfig field like any other kwarg):
   * its own process (True; the default on CUDA, as vLLM's LLM): ladle/engine/offline_core.py drives the same
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ladle.config import EngineConfig
 from ladle.core.sampling_params import SamplingParams
@@ -25,6 +26,7 @@ from ladle.engine.config_resolve import ConfigError, resolve_device
 from ladle.engine.engine_factory import EngineBundle, build_engine, engine_config_from_kwargs, preflight_refusals
 from ladle.engine.logprobs import TokenTexts, offline_request_output
 from ladle.engine.output_processor import OutputProcessor
+from ladle.engine.tokenizer import ChatInputError, chat_prompt_ids
 
 Prompt = Union[str, list[int]]
 
@@ -173,6 +175,56 @@ class LLM:
         return [dataclasses.replace(offline_request_output(final[p[0]], self._token_texts),
                                     prompt=prompt if isinstance(prompt, str) else None)
                 for p, prompt in zip(prompts_in, prompts)]
+
+    def chat(self, messages: Union[Sequence[Mapping[str, Any]], Sequence[Sequence[Mapping[str, Any]]]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None, use_tqdm: bool = False,
+             lora_request: Any = None, chat_template: Optional[str] = None,
+             chat_template_content_format: str = "auto", add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: Optional[list[dict[str, Any]]] = None,
+             chat_template_kwargs: Optional[dict[str, Any]] = None,
+             mm_processor_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: each conversation through the chat template, then generate() on its token ids; one final
+        RequestOutput per conversation, in order (`prompt` None, as vLLM's chat).
+
+        messages: one conversation (a list of {"role", "content"} dicts, OpenAI's shape; content a string or a list
+        of {"type": "text"} parts) or a list of them. sampling_params: one for all, or one per conversation.
+        The prompt is engine/tokenizer.chat_prompt_ids, the server's own: the tokenizer's chat template (or
+        `chat_template`, a Jinja string), `add_generation_prompt` / `continue_final_message` (not both), `tools`
+        and `chat_template_kwargs` as transformers' apply_chat_template takes them; the template writes the special
+        tokens, the tokenizer adds none.
+
+        Raises ValueError for what ladle does not honour: lora_request (no LoRA), mm_processor_kwargs and
+        non-text content parts (text only), chat_template_content_format "openai" (content reaches the template as
+        a string: "auto" / "string"), use_tqdm=True (no progress bar); ChatInputError (a ValueError) naming the
+        conversation and field of a refused message or template argument; ValueError when the tokenizer has no
+        chat template and none is given; then whatever generate() raises.
+        """
+        refused = []
+        if lora_request is not None:
+            refused.append("lora_request (ladle has no LoRA: merge the adapter into the model's weights)")
+        if mm_processor_kwargs is not None:
+            refused.append("mm_processor_kwargs (ladle takes text only)")
+        if use_tqdm:
+            refused.append("use_tqdm=True (ladle shows no progress bar; leave it out or pass False)")
+        if chat_template_content_format not in ("auto", "string"):
+            refused.append(f"chat_template_content_format={chat_template_content_format!r} (ladle passes content to "
+                           f"the template as a string: 'auto' or 'string')")
+        if refused:
+            raise ValueError("LLM.chat does not support: " + "; ".join(refused))
+        if self.tokenizer is None:
+            raise ValueError("LLM.chat needs a tokenizer (chat template); this LLM has none: use generate() with "
+                             "token ids")
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompt_ids = []
+        for k, conversation in enumerate(conversations):
+            try:
+                prompt_ids.append(chat_prompt_ids(
+                    self.tokenizer, conversation, add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message, tools=tools, chat_template=chat_template,
+                    chat_template_kwargs=chat_template_kwargs))
+            except ChatInputError as e:
+                raise ChatInputError(f"conversation {k}: {e}", e.param) from None
+        return self.generate(prompt_ids, sampling_params)
 
     def _run(self) -> dict[str, RequestOutput]:
         """The in-process loop: step the core until it has nothing left; parent id -> final RequestOutput."""

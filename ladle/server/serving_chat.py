@@ -19,7 +19,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ladle.core.outputs import TokenLogprobs
-from ladle.engine.tokenizer import apply_chat_template
+from ladle.engine.tokenizer import ChatInputError
+from ladle.engine.tokenizer import chat_prompt_ids as engine_chat_prompt_ids
 from ladle.server.chat_output import ChatOutputs
 from ladle.server.errors import OpenAIError
 from ladle.server.metrics import RequestTimer
@@ -29,73 +30,27 @@ from ladle.server.serving_common import (ClientDisconnected, PromptRun, ServingC
                                          include_usage, make_sampling_params, make_usage, merge_runs, prepare,
                                          resolve_max_tokens, sse_body, stop_reason_or_none, stream_runs)
 from ladle.server.stream_chunks import SSE_DONE, SSEFrame
-from ladle.server.validation import check_logprobs_count, check_sampling_fields, check_template_kwargs
+from ladle.server.validation import check_logprobs_count, check_sampling_fields
 
 logger = logging.getLogger("ladle.server")
 
 
-# The roles of OpenAI's chat messages that ladle passes to the chat template (developer: OpenAI's newer name for
-# system instructions, which templates such as MiniMax-M3's render). OpenAI's deprecated `function` role and any
-# other name are refused: a template would render an unknown role verbatim, a turn the model was never trained on.
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def _message_dicts(req: ChatCompletionRequest) -> list[dict]:
-    """Messages as plain dicts for the template; a role outside CHAT_ROLES is a 400; list content keeps only its
-    text parts (400 otherwise); null (or missing) content is a 400 except in an assistant message with tool_calls
-    (rendered as "")."""
-    if not req.messages:
-        raise OpenAIError("messages must contain at least one message", 400, "messages")
-    out = []
-    for i, m in enumerate(req.messages):
-        if m.role not in CHAT_ROLES:
-            hint = " (OpenAI's deprecated function role: send the result as role tool with tool_call_id)" \
-                if m.role == "function" else ""
-            raise OpenAIError(f"messages[{i}].role {m.role[:40]!r} is not a chat role ladle handles; use one of "
-                              f"{', '.join(CHAT_ROLES)}{hint}", 400, f"messages[{i}].role")
-        d = m.model_dump(exclude_none=True)
-        if isinstance(m.content, list):
-            texts = []
-            for j, part in enumerate(m.content):
-                if part.get("type") != "text":
-                    kind = part.get("type")
-                    shown = repr(kind)[:40] if isinstance(kind, str) else type(kind).__name__
-                    raise OpenAIError(f"not supported yet: content part of type {shown} (messages[{i}].content[{j}])",
-                                      400, f"messages[{i}].content[{j}].type")
-                if not isinstance(part.get("text"), str):
-                    raise OpenAIError(f"messages[{i}].content[{j}].text must be a string", 400,
-                                      f"messages[{i}].content[{j}].text")
-                texts.append(part["text"])
-            d["content"] = "".join(texts)
-        elif m.content is None:
-            if m.role != "assistant" or not m.tool_calls:  # OpenAI's rule: content may be null only beside tool_calls
-                raise OpenAIError(f"messages[{i}].content is required in a {m.role} message (null only in an "
-                                  f"assistant message with tool_calls)", 400, f"messages[{i}].content")
-            d["content"] = ""
-        out.append(d)
-    return out
-
-
 def chat_prompt_ids(tokenizer, req: ChatCompletionRequest, add_special_tokens: bool = False) -> list[int]:
-    """`req.messages` through the chat template (chat_template_kwargs, continue_final_message, tools), tokenized
-    (`add_special_tokens`: the tokenizer's own on top of the template's; /tokenize's field).
+    """`req.messages` through the chat template (engine/tokenizer.chat_prompt_ids: chat_template_kwargs,
+    continue_final_message, tools), tokenized (`add_special_tokens`: the tokenizer's own on top of the template's;
+    /tokenize's field). continue_final_message drops the default add_generation_prompt.
     Blocking: call it off the event loop. The request's text was checked already (validation.check_model_fields).
-    Template errors are the client's (the template rejects these messages, roles, tools or kwargs): a 400 that
-    quotes the template's own message (jinja2.TemplateError, raised by `raise_exception` in the template) or
-    names the exception type only."""
-    check_template_kwargs(req.chat_template_kwargs)
-    kwargs = dict(req.chat_template_kwargs or {})
-    if req.continue_final_message:
-        kwargs["continue_final_message"] = True
-    if req.tools:
-        kwargs["tools"] = req.tools
-    messages = _message_dicts(req)
+    Refused messages and kwargs (ChatInputError) are a 400 naming the field. Template errors are the client's (the
+    template rejects these messages, roles, tools or kwargs): a 400 that quotes the template's own message
+    (jinja2.TemplateError, raised by `raise_exception` in the template) or names the exception type only."""
     try:
-        return apply_chat_template(tokenizer, messages,
-                                   add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                                   add_special_tokens=add_special_tokens, **kwargs)
-    except OpenAIError:
-        raise
+        return engine_chat_prompt_ids(
+            tokenizer, [m.model_dump(exclude_none=True) for m in req.messages],
+            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+            continue_final_message=req.continue_final_message, tools=req.tools,
+            chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=add_special_tokens)
+    except ChatInputError as e:
+        raise OpenAIError(str(e), 400, e.param) from None
     except jinja2.TemplateError as e:
         raise OpenAIError(f"could not apply the chat template: {e}", 400, "messages") from None
     except Exception as e:  # the template met input it cannot render (e.g. a tool call of the wrong shape)

@@ -28,12 +28,6 @@ from ladle.config import ServerConfig
 from ladle.server.errors import OpenAIError
 
 FLOAT32_MAX = 3.4028234663852886e38  # largest finite IEEE-754 binary32 value
-# chat_template_kwargs keys that would override what the server passes to `apply_chat_template` itself.
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message", "tools",
-    "documents", "chat_template", "return_tensors", "return_dict", "return_assistant_tokens_mask", "padding",
-    "truncation", "max_length", "tokenizer_kwargs",
-})
 
 
 def _bad_text(s: str) -> Optional[int]:
@@ -117,14 +111,6 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     for t in ids:
         if not 0 <= t < vocab_size:
             raise OpenAIError(f"token id {t} in {param} is out of range [0, {vocab_size})", 400, param)
-
-
-def check_template_kwargs(kwargs: Optional[dict], param: str = "chat_template_kwargs") -> None:
-    """Keys that would replace an argument the server sets itself are refused (they raise inside the template
-    call, or change its return type)."""
-    for key in kwargs or {}:
-        if key in RESERVED_TEMPLATE_KWARGS:
-            raise OpenAIError(f"{param}.{key} is set by the server and cannot be overridden", 400, param)
 
 
 # ---------------------------------------------------------------------------------------------- request fields

@@ -21,7 +21,7 @@ from ladle.config import CacheConfig, EngineConfig, ModelConfig
 from ladle.engine.config_resolve import config_in_effect, kv_cache_dtype_in_effect
 from ladle.engine.engine_factory import build_engine, engine_config_from_kwargs
 from ladle.server.api import build_app
-from ladle.server.serving_chat import CHAT_ROLES
+from ladle.engine.tokenizer import CHAT_ROLES
 from ladle.tools.checkpoint_m3 import make_checkpoint
 
 CHAT = "/v1/chat/completions"
