@@ -146,9 +146,10 @@ class FakeCore:
         pass
 
 
-def run_fake_core(fake: tuple[str, float], input_addr: str, output_addr: str, parent_pid: int) -> None:
-    """Spawn target in run_engine_core's place (`fake` = (model_dir, step_s) where it takes the engine config): its
-    sockets and Ready, then the real CoreLoop around FakeCore."""
+def run_fake_core(fake: tuple[str, float], input_addr: str, output_addr: str, parent_pid: int,
+                  parent_logging: dict) -> None:
+    """Spawn target in run_engine_core's place (`fake` = (model_dir, step_s) where it takes the engine config): the
+    parent's logging, its sockets and Ready, then the real CoreLoop around FakeCore."""
     import pickle
     import threading
 
@@ -157,8 +158,9 @@ def run_fake_core(fake: tuple[str, float], input_addr: str, output_addr: str, pa
 
     from ladle.config import EngineConfig, ModelConfig
     from ladle.engine import core_messages as msg
-    from ladle.engine.core_process import CoreLoop
+    from ladle.engine.core_process import CoreLoop, apply_logging_setup
 
+    apply_logging_setup(parent_logging)
     model_dir, step_s = fake
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     zctx = zmq.Context()

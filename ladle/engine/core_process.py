@@ -7,9 +7,11 @@ ladle/engine/core_client.py with multiprocessing "spawn".
           else wait up to 50 ms on the input socket
 
 The core sees token ids only (no tokenizer work besides reading EOS ids at build). It dies with the API server
-(parent-death signal + watchdog, as the TP workers do), ignores SIGINT (Ctrl-C reaches the whole process group;
-the API server decides), and treats SIGTERM as a stop. A message that fails is answered with its error; only an
-exception in the loop itself or a dead TP rank ends the process, after a CoreDead message.
+(parent-death signal SIGTERM + watchdog, as the TP workers do), ignores SIGINT (Ctrl-C reaches the whole process
+group; the API server decides), and treats SIGTERM as a stop. A message that fails is answered with its error; only
+an exception in the loop itself or a dead TP rank ends the process, after a CoreDead message. Every exit removes the
+ipc dir (ladle/engine/core_spawn.py). It logs as the API process is configured (`logging_setup`), so both modes print
+the same lines: nothing below WARNING when the API process configured no logging.
 """
 
 from __future__ import annotations
@@ -19,28 +21,34 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import threading
 import traceback
 from typing import Any
 
 _IDLE_WAIT_MS = 50
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # ladle/cli.py's LOG_FORMAT
+_STYLES = {logging.PercentStyle: "%", logging.StrFormatStyle: "{", logging.StringTemplateStyle: "$"}
 logger = logging.getLogger(__name__)
 
 
-def run_engine_core(engine_config: Any, input_addr: str, output_addr: str, parent_pid: int) -> None:
+def run_engine_core(engine_config: Any, input_addr: str, output_addr: str, parent_pid: int,
+                    parent_logging: dict) -> None:
     """Process entry (spawn target): build the engine, say Ready, serve messages until Stop, SIGTERM or a fatal
-    error. Exits 0 on a stop, 1 after a build failure or a fatal error (both reported as CoreDead first)."""
+    error. Exits 0 on a stop, 1 after a build failure or a fatal error (both reported as CoreDead first), or when
+    the API process is gone; the ipc dir (the addresses' dir) is removed on each. `parent_logging`: `logging_setup()`
+    of the API process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
+    apply_logging_setup(parent_logging)
     import zmq
 
     from ladle.engine import core_messages as msg
+    from ladle.engine.core_spawn import remove_ipc_dir
     from ladle.runner.worker import die_with_parent
 
-    die_with_parent(parent_pid)
+    ipc_dir = os.path.dirname(input_addr.removeprefix("ipc://"))
+    die_with_parent(parent_pid, death_signal=signal.SIGTERM, before_exit=lambda: remove_ipc_dir(ipc_dir))
     _leave_a_core_to_the_server(engine_config)
     zctx = zmq.Context()
     inbox, outbox = zctx.socket(zmq.PULL), zctx.socket(zmq.PUSH)
@@ -70,8 +78,52 @@ def run_engine_core(engine_config: Any, input_addr: str, output_addr: str, paren
         inbox.close(linger=0)
         outbox.close()
         zctx.term()
+        remove_ipc_dir(ipc_dir)
         if code:
             os._exit(code)
+
+
+def logging_setup() -> dict:
+    """This process's logging configuration as plain data, for `apply_logging_setup` in a spawned child: the root
+    level, the levels set on `ladle` and its child loggers, and the root handlers a child can reproduce (those
+    writing to sys.stderr, sys.stdout or a file: their level, format, date format and format style). Other handlers
+    (in-memory, sockets, queues) and filters do not cross the process boundary."""
+    root = logging.getLogger()
+    handlers = []
+    for h in root.handlers:
+        stream = getattr(h, "stream", None)
+        if isinstance(h, logging.FileHandler):
+            target = ("file", h.baseFilename)
+        elif isinstance(h, logging.StreamHandler) and stream in (sys.stderr, sys.__stderr__):
+            target = ("stderr", None)
+        elif isinstance(h, logging.StreamHandler) and stream in (sys.stdout, sys.__stdout__):
+            target = ("stdout", None)
+        else:
+            continue
+        fmt = h.formatter
+        handlers.append({"to": target[0], "file": target[1], "level": h.level,
+                         "format": fmt._fmt if fmt else None, "datefmt": fmt.datefmt if fmt else None,
+                         "style": _STYLES.get(type(fmt._style), "%") if fmt else "%"})
+    levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items()
+              if (name == "ladle" or name.startswith("ladle.")) and isinstance(lg, logging.Logger) and lg.level}
+    return {"root_level": root.level, "levels": levels, "handlers": handlers}
+
+
+def apply_logging_setup(setup: dict) -> None:
+    """Configure this (fresh) process's logging as `logging_setup()` described its parent's. With no handler the
+    root stays without one, so Python's last-resort handler prints WARNING and above to stderr, as in the parent."""
+    root = logging.getLogger()
+    root.setLevel(setup["root_level"])
+    for name, level in setup["levels"].items():
+        logging.getLogger(name).setLevel(level)
+    for h in setup["handlers"]:
+        if h["to"] == "file":
+            handler: logging.Handler = logging.FileHandler(h["file"], mode="a", delay=True)
+        else:
+            handler = logging.StreamHandler(sys.stdout if h["to"] == "stdout" else sys.stderr)
+        handler.setLevel(h["level"])
+        handler.setFormatter(logging.Formatter(h["format"], h["datefmt"], style=h["style"]))
+        root.addHandler(handler)
 
 
 def freeze_startup_objects() -> None:

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -71,17 +71,24 @@ class RankInfo:
     num_blocks: int
 
 
-def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
-    """Make this process exit when `parent_pid` goes away (PDEATHSIG on Linux, plus a polling thread)."""
+def die_with_parent(parent_pid: int, poll_s: float = 0.5, death_signal: int = signal.SIGKILL,
+                    before_exit: Optional[Callable[[], None]] = None) -> None:
+    """Make this process exit when `parent_pid` goes away: the kernel sends `death_signal` at the parent's death
+    (PDEATHSIG on Linux), and a thread polling every `poll_s` seconds calls `before_exit` (if given), then exits with
+    status 1. A process with cleanup to do passes a signal it handles (the engine core: SIGTERM, a stop)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, death_signal)
     except (OSError, AttributeError):
         pass
 
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
-                os._exit(1)
+                try:
+                    if before_exit is not None:
+                        before_exit()
+                finally:
+                    os._exit(1)
             time.sleep(poll_s)
 
     threading.Thread(target=watch, name="ladle-parent-watch", daemon=True).start()
