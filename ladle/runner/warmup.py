@@ -8,13 +8,15 @@ Measured on the H200 (benchmarks/results/round8/README.md, call 1): the FP8 60-l
 c = 32 line in 78.3 s on a cold Triton cache and in 60.4 s when the same server ran it again; a single 8,922-token
 prefill took 12.1 s cold against 0.37 s warm.
 
-What runs: for every token bucket (powers of two up to max_num_batched_tokens, and that value itself) five steps
+What runs: for every token bucket (powers of two up to max_num_batched_tokens, and that value itself) seven steps
 through the model's forward, logits and the sampler (greedy and random draws):
-  - three mixed steps, the shape of a chunked-prefill step: decode rows over a cached context, a prefill chunk over
-    that context, fresh prefill chunks. T tokens with 16 requests and T - 5 tokens with 9, both with a context of
-    max_model_len (served decode rows have long contexts: the block-table width, and the indexer's NB_P2 from it,
-    is the longest row's), and 3T/5 tokens with 7 requests over a short context (moe_align's chunk width is the
-    power of two of T x (top-k + 1), which changes inside a token bucket);
+  - five mixed steps, the shape of a chunked-prefill step: decode rows over a cached context, a prefill chunk over
+    that context, fresh prefill chunks. Four with a context of max_model_len (served decode rows have long contexts:
+    the block-table width, and the indexer's NB_P2 from it, is the longest row's) pairing T and T - 5 (or T - 3)
+    tokens with 16 and 9 requests, all four ways (the MSA kernels take both counts as integers, each specialised on
+    divisibility by 16), and 3T/5
+    tokens with 7 requests over a short context (moe_align's chunk width is the power of two of T x (top-k + 1),
+    which changes inside a token bucket);
   - two single-request prefills of min(T, max_model_len) and 3 tokens fewer (one request: the `== 1` specialisation).
 What stays uncovered compiles at its first step as before: e.g. a step whose longest row is shorter than the
 warm-up's (a smaller NB_P2). Two kernel-side rules keep the variant count small: the request-lookup width has one
@@ -24,8 +26,10 @@ The steps use the real KV pool's blocks (ids from 1: the pool is empty at startu
 so the pool is as allocated (all zeros) when serving starts; the runner's request state, block table and sampler
 are not touched (the draws use a sampler of their own). The token ids are a fixed pseudo-random sequence so the
 router spreads tokens over experts as real text does. Launches are counted in the dispatch record, as the CUDA-graph
-capture's are. Cost on the proxy: about 3 s of GPU time plus the compiles, which the first requests would pay
-otherwise (the Triton cache on disk makes a restart cheap).
+capture's are. Cost on the FP8 60-layer proxy with a fresh Triton cache (round 8, call 3, then five steps per bucket
+without the two one-sided (T, B) pairs): 69.5 s, nearly all of it compiling what the first requests would compile
+otherwise; 4 kernels still compiled while serving, which the two pairs added after that call are meant to cover (not
+yet measured). Triton's cache on disk makes a restart cheap.
 """
 
 from __future__ import annotations
@@ -85,8 +89,11 @@ def warmup_step_shapes(max_num_tokens: int, max_num_seqs: int, max_model_len: in
     long_context, short_context = max_model_len - 2, block_size + 3
     steps: list[Step] = []
     for t in token_buckets(max_num_tokens):
-        mixed = ((t, 16, long_context),  # a request count divisible by 16
-                 (t - 5, 9, long_context),  # a token count that is not
+        # the MSA kernels take T and B as integers: each of the four (T % 16 == 0, B % 16 == 0) pairs is a binary
+        mixed = ((t, 16, long_context),  # both divisible by 16
+                 (t - 5, 9, long_context),  # neither
+                 (t, 9, long_context),  # T only (a full 32K-token step of 29 requests, say)
+                 (t - 3, 16, long_context),  # B only
                  (-(-3 * t // 5), 7, short_context))  # T * (top-k + shared) in the power of two below t's
         for tokens, reqs, context in mixed:
             if tokens >= 2:

@@ -35,6 +35,10 @@ def test_step_shapes_cover_each_bucket_within_the_limits(max_tokens, max_seqs, m
         if t >= 32 and max_seqs >= 16 and t <= max_len:
             assert any(len(s) == 16 and sum(q for _, q in s) == t for s in shapes), "16 requests (divisible by 16)"
             assert -(-3 * t // 5) in totals, "T x (top-k + 1) in the power of two below"
+            pairs = {(sum(q for _, q in s) % 16 == 0, len(s) % 16 == 0) for s in shapes
+                     if t // 2 < sum(q for _, q in s) <= t and len(s) > 1}
+            assert pairs == {(True, True), (True, False), (False, True), (False, False)}, \
+                "the MSA kernels' (T, B) divisibility pairs in every bucket"
     mixed = [s for s in shapes if any(q == 1 and start > 0 for start, q in s)]
     if max_seqs > 2:
         assert mixed and all(any(start > 0 and q > 1 for start, q in s) for s in mixed if sum(q for _, q in s) > 16), \
