@@ -50,6 +50,16 @@ def _start(config: EngineConfig) -> tuple[Optional[EngineBundle], Optional[Any]]
     return build_engine(config), None
 
 
+def _offline_refusals(use_tqdm: bool, lora_request: Any) -> list[str]:
+    """What `generate` and `chat` refuse of vLLM's common arguments (their defaults there are honoured here)."""
+    refused = []
+    if lora_request is not None:
+        refused.append("lora_request (ladle has no LoRA: merge the adapter into the model's weights)")
+    if use_tqdm:
+        refused.append("use_tqdm=True (ladle shows no progress bar; leave it out or pass False)")
+    return refused
+
+
 class LLM:
     """Args: model (HF dir, .gguf, or None for the embedded SmolLM2), any EngineConfig field by name
     (dtype, max_model_len, block_size, kv_cache_memory_bytes, enable_prefix_caching, max_num_seqs,
@@ -128,7 +138,8 @@ class LLM:
         return ids
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
-                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = False, lora_request: Any = None) -> list[RequestOutput]:
         """Generate for every prompt (strings are tokenized; token-id lists used as is) and return one final
         RequestOutput per prompt, in order, each with all `n` choices (cumulative text, token ids, logprobs) and
         `prompt` (the prompt text; None for token ids), as vLLM. Logprobs come in vLLM's form (engine/logprobs.py): `outputs[c].logprobs[i]` and `prompt_logprobs[i]` (None
@@ -137,8 +148,12 @@ class LLM:
 
         Raises RequestRejected (nothing of this call stays queued) when a request can never fit, ValueError
         (before anything is queued) when logprobs / prompt_logprobs exceed the vocabulary size or a token-id prompt
-        holds an id outside the vocabulary, EngineError after shutdown().
+        holds an id outside the vocabulary, EngineError after shutdown(). vLLM's `use_tqdm` and `lora_request` are
+        taken so ported calls run: use_tqdm=False and lora_request=None; anything else is refused (ValueError).
         """
+        refused = _offline_refusals(use_tqdm, lora_request)
+        if refused:
+            raise ValueError("LLM.generate does not support: " + "; ".join(refused))
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if sampling_params is None:
@@ -199,13 +214,9 @@ class LLM:
         conversation and field of a refused message or template argument; ValueError when the tokenizer has no
         chat template and none is given; then whatever generate() raises.
         """
-        refused = []
-        if lora_request is not None:
-            refused.append("lora_request (ladle has no LoRA: merge the adapter into the model's weights)")
+        refused = _offline_refusals(use_tqdm, lora_request)
         if mm_processor_kwargs is not None:
             refused.append("mm_processor_kwargs (ladle takes text only)")
-        if use_tqdm:
-            refused.append("use_tqdm=True (ladle shows no progress bar; leave it out or pass False)")
         if chat_template_content_format not in ("auto", "string"):
             refused.append(f"chat_template_content_format={chat_template_content_format!r} (ladle passes content to "
                            f"the template as a string: 'auto' or 'string')")
@@ -214,6 +225,10 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError("LLM.chat needs a tokenizer (chat template); this LLM has none: use generate() with "
                              "token ids")
+        if isinstance(messages, (str, bytes)) or (messages and isinstance(messages[0], (str, bytes))):
+            raise ValueError("LLM.chat takes messages, not text: one conversation is a list of {'role', 'content'} "
+                             "dicts, e.g. [{'role': 'user', 'content': 'hello'}], or pass a list of conversations; "
+                             "for raw text use generate()")
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompt_ids = []
         for k, conversation in enumerate(conversations):

@@ -121,3 +121,22 @@ def test_chat_accepts_vllm_defaults(llm):
     out = llm.chat(CONV, SamplingParams(max_tokens=1), use_tqdm=False, lora_request=None,
                    chat_template_content_format="string", mm_processor_kwargs=None)
     assert len(out) == 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(lora_request=object()), "LLM.generate does not support: lora_request.*no LoRA"),
+    (dict(use_tqdm=True), "LLM.generate does not support: use_tqdm=True.*no progress bar"),
+])
+def test_generate_takes_vllm_defaults_and_refuses_the_rest(llm, kwargs, match):
+    """Ported vLLM calls pass use_tqdm / lora_request to generate too (a new user's report: a TypeError before)."""
+    with pytest.raises(ValueError, match=match):
+        llm.generate(["hi"], GREEDY, **kwargs)
+    assert not llm.core.has_unfinished_requests()
+    out = llm.generate(["hi"], SamplingParams(max_tokens=1), use_tqdm=False, lora_request=None)
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 1
+
+
+@pytest.mark.parametrize("messages", ["hello", ["hello", "again"]])
+def test_text_instead_of_messages_says_what_a_conversation_is(llm, messages):
+    with pytest.raises(ValueError, match=r"takes messages, not text.*\[\{'role': 'user', 'content': 'hello'\}\]"):
+        llm.chat(messages, GREEDY)
