@@ -253,6 +253,7 @@ def check_request_fields(req: BaseModel) -> None:
         honoured = ", ".join(sorted(type(req).model_fields))
         raise OpenAIError(f"unknown field{'s' if len(unknown) > 1 else ''} {names} for {path}: not a field of OpenAI's "
                           f"API or of vLLM's extensions that ladle knows, and ladle refuses what it would ignore; "
-                          f"leave it out. Fields ladle honours: {honoured}", 400, sorted(unknown)[0])
+                          f"leave it out. Fields ladle honours: {honoured}; accepted with no effect on the output: "
+                          f"{', '.join(sorted(HARMLESS_FIELDS))}", 400, sorted(unknown)[0])
     for name, value in extra.items():
         check_value(value, name)

@@ -127,6 +127,8 @@ def test_unknown_fields_are_refused_naming_them(fake_server, path):
         message = _expect_400(c, path, {**BASE[path], "top_a": 0.2, "tfs_z": 0.9}, "tfs_z")
         assert '"tfs_z", "top_a"' in message and path in message, message
         assert "Fields ladle honours:" in message and "temperature" in message, message
+        assert message.endswith("accepted with no effect on the output: metadata, prompt_cache_key, "
+                                "safety_identifier"), message
         assert "\\u" not in _expect_400(c, path, {**BASE[path], "mirostat": 1}, "mirostat")
         _expect_ok(c, path, BASE[path])
 
