@@ -55,12 +55,14 @@ async def _generate(engine, prompt: list[int], params: SamplingParams):
 
 
 def _stop_string(text: str) -> str:
-    """Two printable characters from the middle of `text` (the dummy model's text is mostly replacement chars)."""
-    for start in range(len(text) // 3, len(text) - 1):
-        stop = text[start:start + 2]
-        if stop.isprintable() and "\ufffd" not in stop and stop.strip():
-            return stop
-    return text[len(text) // 3:len(text) // 3 + 2]
+    """Two printable characters from the middle of `text` (the dummy model's text is mostly replacement chars), else
+    one. A replacement char never serves: the streamed text holds incomplete UTF-8 back, so it may never match."""
+    for width in (2, 1):
+        for start in range(len(text) // 3, len(text) - width + 1):
+            stop = text[start:start + width]
+            if stop.isprintable() and "\ufffd" not in stop and stop.strip():
+                return stop
+    raise AssertionError(f"no printable character in the last two thirds of {text!r}: pick other prompts")
 
 
 async def _wait(predicate, timeout: float) -> bool:
@@ -73,7 +75,7 @@ async def _wait(predicate, timeout: float) -> bool:
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_generation_tokens_are_the_delivered_completion_tokens(m3_dir, async_scheduling):
     engine = CoreProcessEngine.start(engine_config_from_kwargs(m3_dir, async_scheduling=async_scheduling, **ENGINE))
-    rng = random.Random(int(time.time()))
+    rng = random.Random(7)  # fixed prompts: a seed per run made a stop string of replacement chars now and then
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(4, 20))] for _ in range(6)]
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 
