@@ -209,14 +209,11 @@ def cmd_generate(argv: list[str]) -> int:
     LLM = _lazy("ladle.engine.llm", "LLM", "the offline LLM API")
     try:
         with LLM.from_engine_config(engine_config) as llm:
-            if args.raw:
-                prompt_ids = llm.tokenizer.encode(args.prompt)
-            else:
-                from ladle.engine.tokenizer import apply_chat_template
-
-                prompt_ids = apply_chat_template(llm.tokenizer, [{"role": "user", "content": args.prompt}])
             params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-            outputs = llm.generate([prompt_ids], params)
+            if args.raw:
+                outputs = llm.generate([llm.tokenizer.encode(args.prompt)], params)
+            else:
+                outputs = llm.chat([{"role": "user", "content": args.prompt}], params)
     except Exception as e:  # load/config errors and refused prompts (RequestRejected) carry user-facing messages
         if env_flag("LADLE_DEBUG"):
             raise

@@ -44,7 +44,7 @@ from ladle.runner.launched_step import LaunchedStep
 from ladle.runner.op_backends import op_backends
 from ladle.runner.request_state import RequestState, StaticSampling, build_sampling_tensors, build_static_sampling
 from ladle.runner.sampler import Sampler, compute_logprobs
-from ladle.runner.warmup import warm_up_kernels
+from ladle.runner.warmup import step_chunks, warm_up_kernels
 
 logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -180,13 +180,9 @@ class ModelRunner:
 
     def _dummy_chunks(self, num_tokens: int) -> list[ScheduledChunk]:
         """Split `num_tokens` into prefill chunks of at most max_model_len, scratch blocks numbered from 1."""
-        chunks, next_block, left, i = [], 1, num_tokens, 0
-        while left > 0:
-            q = min(left, self.max_model_len)
-            nb = -(-q // self.block_size)
-            chunks.append(ScheduledChunk(f"profile-{i}", [0] * q, 0, list(range(next_block, next_block + nb)), True))
-            next_block, left, i = next_block + nb, left - q, i + 1
-        return chunks
+        full, rest = divmod(num_tokens, self.max_model_len)
+        step = [(0, self.max_model_len)] * full + ([(0, rest)] if rest else [])
+        return step_chunks(step, self.block_size, prefix="profile")
 
     # ---- step --------------------------------------------------------------------------------------
 

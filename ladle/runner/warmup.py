@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
@@ -113,6 +113,19 @@ def _blocks(step: Step, block_size: int) -> int:
     return sum(-(-(start + q) // block_size) for start, q in step)
 
 
+def step_chunks(step: Step, block_size: int, token_ids: Optional[list[int]] = None,
+                prefix: str = "warmup") -> list[ScheduledChunk]:
+    """ScheduledChunks of a synthetic step (warm-up, the runner's memory-profile step): each chunk samples, its
+    blocks numbered consecutively from 1 (block 0 is the null block), its tokens `token_ids[:q]` (zeros if None)."""
+    chunks, next_block = [], 1
+    for i, (start, q) in enumerate(step):
+        nb = -(-(start + q) // block_size)
+        ids = token_ids[:q] if token_ids is not None else [0] * q
+        chunks.append(ScheduledChunk(f"{prefix}-{i}", ids, start, list(range(next_block, next_block + nb)), True))
+        next_block += nb
+    return chunks
+
+
 @torch.inference_mode()
 def warm_up_kernels(runner: "ModelRunner") -> tuple[int, float]:
     """Run the warm-up steps on `runner` (module docstring). Returns (steps run, seconds). Steps whose blocks do not
@@ -133,12 +146,8 @@ def warm_up_kernels(runner: "ModelRunner") -> tuple[int, float]:
         need = _blocks(step, bs)
         if need > free_blocks:
             continue
-        chunks, next_block = [], 1
-        for i, (start, q) in enumerate(step):
-            nb = -(-(start + q) // bs)
-            chunks.append(ScheduledChunk(f"warmup-{i}", ids[:q], start, list(range(next_block, next_block + nb)), True))
-            next_block += nb
-        used = max(used, next_block - 1)
+        chunks = step_chunks(step, bs, ids)
+        used = max(used, need)
         batch = build_batch_inputs(chunks, bs, runner.device)
         hidden = runner._forward(batch, runner.kv_caches)
         logits = runner.model.compute_logits(hidden[batch.logits.logits_indices])
