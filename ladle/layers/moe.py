@@ -36,6 +36,12 @@ from ladle.layers.quant_slot import scoped_moe_method
 
 ExpertId = Union[int, str, None]
 
+# Tokens per fused-MoE call (`FusedMoE._experts`). The kernels keep one float32 row per (token, slot) before the
+# combine, T x k x H x 4 bytes: at one TP4 rank of M3 (k = 4 + the shared column, H 6144) a 32K-token step needs
+# 4.0 GB for it, the largest activation of the step, and the memory profile takes it from the KV pool. 8192-token
+# chunks hold it at 1.0 GB. Decode and CUDA-graph sizes are far below this, so only long prefill steps chunk.
+MOE_CHUNK_TOKENS = 8192
+
 
 class UnquantizedFusedMoEMethod:
     """The plain method of FusedMoE: expert tables in the model dtype, run by the `fused_moe` op."""
@@ -165,7 +171,18 @@ class FusedMoE(nn.Module):
         return self._experts(x, ids, ones)
 
     def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, ids, weights, use_triton=op_backends().triton_moe)
+        """The quant method's experts on x [T, H] with routes ids / weights [T, k] -> [T, H] in x.dtype, in
+        token chunks of at most MOE_CHUNK_TOKENS (module constant; every token's result is independent of the
+        other tokens', so chunking changes no value beyond the kernels' own tile-size effects)."""
+        use_triton = op_backends().triton_moe
+        num_tokens = x.shape[0]
+        if num_tokens <= MOE_CHUNK_TOKENS:
+            return self.quant_method.apply(self, x, ids, weights, use_triton=use_triton)
+        out = torch.empty_like(x)
+        for start in range(0, num_tokens, MOE_CHUNK_TOKENS):
+            rows = slice(start, min(start + MOE_CHUNK_TOKENS, num_tokens))
+            out[rows] = self.quant_method.apply(self, x[rows], ids[rows], weights[rows], use_triton=use_triton)
+        return out
 
     def local_route(self, x: torch.Tensor, with_shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """`route` in this rank's table rows: under expert parallelism the choices of other ranks' experts get
