@@ -10,37 +10,50 @@ Math (design/minimax_m3.md §3.8):
 With `shared_expert=True` a column k is appended with id E (the shared expert packed as expert #E of the fused
 MoE table) and weight exactly 1.0 — never renormalised, never scaled (kernels_and_limits.md §1.6).
 
-Paths, by the local token count T (`router_path`; the dispatch record names the one that ran):
-  T <  ROUTER_KERNEL_MIN_TOKENS (128): "torch logits" — `router_logits` (cuBLAS IEEE fp32 GEMM, TF32 off, on an fp32
-      copy of x), then `route_from_logits` (`_router_topk_kernel`, the routing epilogue);
-  T >= 128: "triton logits" — `moe_router_kernel`, x read in its own dtype, 3xTF32 tensor-core dot, routing fused.
+Paths, by the local token count T (`router_precision` / `router_path`; the dispatch record names the one that ran):
+  T <  ROUTER_KERNEL_MIN_TOKENS (128): ROUTER_SMALL_T_PRECISION, today None: "torch logits" — `router_logits`
+      (cuBLAS IEEE fp32 GEMM, TF32 off, on an fp32 copy of x), then `route_from_logits` (`_router_topk_kernel`, the
+      routing epilogue); "ieee" would run the kernel below instead ("triton logits ieee");
+  T >= 128: "triton logits <ROUTER_LARGE_T_PRECISION>", today "tf32x3" — `moe_router_kernel`, x read in its own
+      dtype, tensor-core dot, routing fused.
+The kernel's products (PRECISIONS; `precision=` of `moe_router_triton` / `moe_router_kernel` forces one at any T):
+  "tf32x3"  tl.dot input_precision "tf32x3" (Triton splits both operands: three tensor-core dots);
+  "tf32x2w" a bf16/fp16 x is exact in TF32, so only W is split, in the kernel (`_tf32_split`): w_hi = W with its 13
+            low mantissa bits cleared (a TF32 value), w_lo = W - w_hi (exact in fp32), two "tf32" dots x w_hi^T and
+            x w_lo^T into two fp32 accumulators (one accumulator chained through both dots made Triton 3.6 alternate
+            two wgmma layouts and convert it through shared memory every K step), added at the end. A float32 x
+            runs "tf32x3" (its low part is not zero);
+  "ieee"    fp32 FMA dot (exact-rounded fp32 products, as cuBLAS SGEMM): meant for small T, split K.
+The switches are module constants (ROUTER_KERNEL_MIN_TOKENS, ROUTER_LARGE_T_PRECISION, ROUTER_SMALL_T_PRECISION),
+set by the H200 A/B benchmarks/gpu_moe_router_ab.py ("kernel tf32x2w" at every T, "kernel ieee" at T <= 128).
 Measured on the H200 at one TP4 rank of M3 (H 6144, E 128, top-4 + shared, bf16 x; CUDA-graph us per call; torch
 logits vs Triton logits kernel; benchmarks/results/round7/kernels/call3_moe_router_ab.log): T=1 13.1 vs 22.1,
 T=32 20.6 vs 26.3, T=128 25.4 vs 23.6, T=8192 411.0 vs 370.4 (split K 2/4/8 there: 385/380/388, no better).
 
-Kernels. `_router_logits_kernel`, grid (cdiv(T, BLOCK_T), SPLITS): each program multiplies a [BLOCK_T, BLOCK_K]
-tile of x, loaded in its own dtype (bf16/fp16/fp32) and widened to fp32 in registers — no fp32 copy of x in memory —
-by the [E_P2, BLOCK_K] tile of W (fp32 as the layer stores it), accumulating [BLOCK_T, E_P2] fp32 logits over its
-K range with `tl.dot(..., input_precision="tf32x3")` (3xTF32: each operand split into a TF32 high part and a TF32
-residual, three tensor-core products; a bf16/fp16 x is exact in TF32, so its residual is zero). With SPLITS = 1
-(enough row tiles to fill the GPU: T > ~4K at H200's 132 SMs) the same program runs the routing epilogue
-`_route_rows` on the logit tile in registers and writes ids/weights. With SPLITS > 1 (fewer row tiles, e.g. 48
-splits at T = 128: K is split over programs to read W in parallel) each program writes its fp32 partial logits to a
-[SPLITS, T, E] buffer and `_router_topk_kernel` (grid cdiv(T, 16)) sums the partials in split order (atomic-free,
-deterministic) and runs `_route_rows`. E_P2 = next power of two >= max(E, 16); experts E..E_P2-1 are masked (zero
-weights, -inf choice). The path and launch rules (`router_path`, `router_launch`) depend only on T, H, E and the
-device's SM count: no host sync, CUDA-graph capturable. Under the CPU interpreter the kernel's dot is exact fp32
-("ieee"), so CPU tests check the math.
+Kernels. `_router_logits_kernel`, grid (cdiv(T, BLOCK_T), SPLITS): each program multiplies a [BLOCK_T, BLOCK_K] tile
+of x, loaded in its own dtype (bf16/fp16/fp32) and widened to fp32 in registers — no fp32 copy of x in memory — by
+the [E_P2, BLOCK_K] tile of W (fp32 as the layer stores it), accumulating [BLOCK_T, E_P2] fp32 logits over its K
+range with `tl.dot` at the precision above. With SPLITS = 1 (enough row tiles to fill the GPU: T > ~4K at H200's 132
+SMs) the same program runs the routing epilogue `_route_rows` on the logit tile in registers and writes ids/weights.
+With SPLITS > 1 (fewer row tiles, e.g. 48 splits at T = 128: K is split over programs to read W in parallel) each
+program writes its fp32 partial logits to a [SPLITS, T, E] buffer and `_router_topk_kernel` (grid cdiv(T, 16)) sums
+the partials in split order (atomic-free, deterministic) and runs `_route_rows`. E_P2 = next power of two >= max(E,
+16); experts E..E_P2-1 are masked (zero weights, -inf choice). The path and launch rules (`router_path`,
+`router_launch`) depend only on T, H, E and the device's SM count: no host sync, CUDA-graph capturable. Under the
+CPU interpreter the kernel's dot is exact fp32 ("ieee"), so CPU tests check the math.
 
-Accuracy contract. Logits: on the Triton path each product x_k W_ek carries <~ 2^-21 relative error (3xTF32 drops
-the residual x residual term and rounds the residual products to TF32), then fp32 accumulation adds the summation
-error any fp32 GEMM has (its order differs between kernels; cuBLAS differs from itself across split-K choices): on
-either path |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound it by 1e-5 x that; the A/B prints the measured
-error). The logits are reproducible bit for bit for a given T on a given device; across T (path, split and tile
-differ) a logit may differ in its last bits. Routing is discrete: an exact tie of sig + bias on the computed fp32
-logits picks the lower expert id (as `moe_router_ref`'s stable sort does); a near-tie whose margin is within the
-logit error above may pick either expert, and may differ from the torch fp32 GEMM of the reference, which is not
-order-exact either. Weights are then within ~1e-6 relative of the reference's for the same ids.
+Accuracy contract. Logits: on the Triton path each product x_k W_ek carries <~ 2^-21 relative error ("tf32x3" drops
+the residual x residual term and rounds the residual products to TF32; "tf32x2w": x and w_hi are exact in TF32, and
+w_lo (|w_lo| < 2^-10 |W|, at most 13 significant bits) loses at most its 2 lowest bits when the tensor core takes it
+as TF32 (11 significant bits), i.e. < 2^-21 |W| truncated, <= 2^-22 |W| rounded; "ieee": <= 2^-24, as the torch
+path), then fp32 accumulation adds the summation error any fp32 GEMM has (its order differs between kernels; cuBLAS
+differs from itself across split-K choices): on either path |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound
+it by 1e-5 x that; the A/B prints the measured error). The logits are reproducible bit for bit for a given T and
+precision on a given device; across T (path, precision, split and tile differ) a logit may differ in its last bits.
+Routing is discrete: an exact tie of sig + bias on the computed fp32 logits picks the lower expert id (as
+`moe_router_ref`'s stable sort does); a near-tie whose margin is within the logit error above may pick either
+expert, and may differ from the torch fp32 GEMM of the reference, which is not order-exact either. Weights are then
+within ~1e-6 relative of the reference's for the same ids.
 
 The torch reference `moe_router_ref` (x.float() @ W^T in IEEE fp32, TF32 off, stable sort) is the spec.
 """
@@ -57,11 +70,16 @@ from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
 OP = "moe_router"
-dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch below 128 tokens, else by a "
-                                 "3xTF32 tl.dot inside the kernel")
+dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch below ROUTER_KERNEL_MIN_TOKENS, "
+                                 "else by the kernel's tl.dot at ROUTER_LARGE_T_PRECISION")
 
 EPILOGUE_BLOCK_T = 16  # token rows per program of `_router_topk_kernel`
-ROUTER_KERNEL_MIN_TOKENS = 128  # local tokens from which the Triton logits kernel runs (module doc: measured)
+# The op's rule (`router_precision`), the switches an H200 A/B (benchmarks/gpu_moe_router_ab.py) flips:
+ROUTER_KERNEL_MIN_TOKENS = 128  # local tokens from which ROUTER_LARGE_T_PRECISION runs (module doc: measured)
+ROUTER_LARGE_T_PRECISION = "tf32x3"  # the kernel's products from ROUTER_KERNEL_MIN_TOKENS tokens ("tf32x2w": A/B)
+ROUTER_SMALL_T_PRECISION: Optional[str] = None  # below it: None = torch logits; "ieee" = the kernel's split K (A/B)
+PRECISIONS = ("tf32x3", "tf32x2w", "ieee")  # the kernel's product precisions (module doc)
+_DOT_INPUT = {"tf32x3": "tf32x3", "tf32x2w": "tf32", "ieee": "ieee"}  # tl.dot input_precision of each (GPU)
 
 
 @triton.jit
@@ -99,11 +117,20 @@ def _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_expert
 
 
 @triton.jit
+def _tf32_split(w):
+    """fp32 tile w -> (w_hi, w_lo), fp32 tiles of its shape: w_hi = w with its 13 low mantissa bits cleared (a TF32
+    value: w truncated toward zero to 11 significant bits), w_lo = w - w_hi (exact in fp32: at most 13 significant
+    bits, |w_lo| < 2^-10 |w|), so w_hi + w_lo == w exactly. For finite w."""
+    w_hi = (w.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return w_hi, w - w_hi
+
+
+@triton.jit
 def _router_logits_kernel(
     x_ptr, w_ptr, bias_ptr, part_ptr, ids_ptr, wts_ptr,
     num_tokens, hidden, num_experts, stride_xt, stride_we, k_chunk, scaling,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, E_P2: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FUSED: tl.constexpr, TOPK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr, FUSED: tl.constexpr, TOPK: tl.constexpr,
     OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
 ):
     """Logits of BLOCK_T tokens over K range [split * k_chunk, +k_chunk), x widened to fp32 in registers, products
@@ -120,6 +147,7 @@ def _router_logits_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
     w_rows = w_ptr + e.to(tl.int64)[:, None] * stride_we
     acc = tl.zeros([BLOCK_T, E_P2], tl.float32)
+    acc_lo = tl.zeros([BLOCK_T, E_P2], tl.float32)
     for k in range(k0, k_end, BLOCK_K):
         ks = k + kk
         if EVEN_K:
@@ -129,7 +157,14 @@ def _router_logits_kernel(
             k_ok = ks < k_end
             xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=DOT_PRECISION)
+        if SPLIT_W:  # "tf32x2w": x exact in TF32, W as a TF32 high part and its fp32 residual (module doc)
+            w_hi, w_lo = _tf32_split(wt.to(tl.float32))
+            acc = tl.dot(xt.to(tl.float32), tl.trans(w_hi), acc, input_precision=DOT_PRECISION)
+            acc_lo = tl.dot(xt.to(tl.float32), tl.trans(w_lo), acc_lo, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=DOT_PRECISION)
+    if SPLIT_W:
+        acc += acc_lo
     if FUSED:
         _route_rows(acc, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, wts_ptr, num_experts, scaling,
                     BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
@@ -173,16 +208,33 @@ class RouterLaunch:
     num_stages: int
 
 
-def router_path(num_tokens: int) -> str:
-    """The op's path at `num_tokens` local tokens (module doc): "torch logits" or "triton logits"."""
-    return "triton logits" if num_tokens >= ROUTER_KERNEL_MIN_TOKENS else "torch logits"
+def router_precision(num_tokens: int, x_dtype: torch.dtype, precision: Optional[str] = None) -> Optional[str]:
+    """The products the op runs for `num_tokens` local tokens of x in `x_dtype`: one of PRECISIONS (the Triton
+    kernel), or None (torch logits). `precision` None = the op's rule: ROUTER_LARGE_T_PRECISION from
+    ROUTER_KERNEL_MIN_TOKENS tokens, ROUTER_SMALL_T_PRECISION below; else the kernel at that precision at any T.
+    "tf32x2w" needs x exact in TF32 (bf16/fp16): a float32 x runs "tf32x3". ValueError for an unknown name."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"moe_router precision {precision!r}: expected None (the op's rule) or one of {PRECISIONS}")
+    if precision is None:
+        precision = ROUTER_LARGE_T_PRECISION if num_tokens >= ROUTER_KERNEL_MIN_TOKENS else ROUTER_SMALL_T_PRECISION
+    if precision == "tf32x2w" and x_dtype not in (torch.bfloat16, torch.float16):
+        return "tf32x3"
+    return precision
+
+
+def router_path(num_tokens: int, x_dtype: torch.dtype, precision: Optional[str] = None) -> str:
+    """The path `router_precision` picks (module doc), as the dispatch record names it: "torch logits", or
+    "triton logits <precision>" (e.g. "triton logits tf32x3")."""
+    resolved = router_precision(num_tokens, x_dtype, precision)
+    return "torch logits" if resolved is None else f"triton logits {resolved}"
 
 
 def router_launch(num_tokens: int, hidden: int, num_experts: int, device: torch.device,
                   splits: Optional[int] = None) -> RouterLaunch:
-    """The launch rule (module doc). Row tile 16/32/64 tokens; split K only while the row tiles fill less than half
-    of the SMs, into about one program per SM, capped so the partial buffer (splits x T x E fp32) is no larger than
-    W; `splits` overrides the split count (rounded so that every split has whole BLOCK_K steps)."""
+    """The launch rule (module doc), the same for every precision. Row tile 16/32/64 tokens; split K only while the
+    row tiles fill less than half of the SMs, into about one program per SM, capped so the partial buffer
+    (splits x T x E fp32) is no larger than W; `splits` overrides the split count (rounded so that every split has
+    whole BLOCK_K steps)."""
     e_p2 = max(16, triton.next_power_of_2(num_experts))
     block_t = 16 if num_tokens <= 16 else 32 if num_tokens <= 32 else 64
     block_k = 32 if e_p2 <= 128 else 16
@@ -191,7 +243,9 @@ def router_launch(num_tokens: int, hidden: int, num_experts: int, device: torch.
         sms = num_sms(device)
         splits = 1 if 2 * tiles >= sms else min(sms // tiles, max(1, hidden // max(num_tokens, 1)))
     k_chunk = triton.cdiv(triton.cdiv(hidden, max(1, splits)), block_k) * block_k
-    # sm_90 ptxas (triton 3.6, E 128): no register spills at these tiles and warps, fused epilogue included
+    # sm_90 ptxas (triton 3.6, E 128, bf16 x): no register spills at these tiles and warps, fused epilogue included.
+    # Registers per thread, split K (fused at BLOCK_T 64): tf32x3 -/-/184, tf32x2w 108/92/151, ieee 96/79/128 (159)
+    # at BLOCK_T 16/32/64; the ieee dot is FMA (512 FFMA per thread per BLOCK_K step at 16 and 32 rows, 1024 at 64).
     return RouterLaunch(block_t, block_k, e_p2, triton.cdiv(hidden, k_chunk), k_chunk,
                         num_warps=4 if block_t == 16 else 8, num_stages=3 if num_tokens > 64 else 2)
 
@@ -237,13 +291,16 @@ def _bias(e_score_correction_bias: Optional[torch.Tensor], E: int, placeholder: 
 
 def moe_router_triton(
     x: torch.Tensor, gate_weight: torch.Tensor, e_score_correction_bias: Optional[torch.Tensor], top_k: int,
-    routed_scaling_factor: float = 1.0, shared_expert: bool = False,
+    routed_scaling_factor: float = 1.0, shared_expert: bool = False, *, precision: Optional[str] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's fast path, by `router_path(T)`: "torch logits" (`router_logits` + `route_from_logits`) below
-    ROUTER_KERNEL_MIN_TOKENS, else "triton logits" (`moe_router_kernel`). Arguments and returns as
-    `moe_router_kernel`."""
-    if router_path(x.shape[0]) == "triton logits":
-        return moe_router_kernel(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)
+    """The op's fast path, by `router_precision(T, x.dtype, precision)`: "torch logits" (`router_logits` +
+    `route_from_logits`) where it is None (by default below ROUTER_KERNEL_MIN_TOKENS), else `moe_router_kernel` at
+    that precision. `precision` None = the op's rule; one of PRECISIONS forces the kernel at any T. Other arguments
+    and returns as `moe_router_kernel`."""
+    resolved = router_precision(x.shape[0], x.dtype, precision)
+    if resolved is not None:
+        return moe_router_kernel(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert,
+                                 precision=resolved)
     return route_from_logits(router_logits(x, gate_weight)[None], e_score_correction_bias, top_k,
                              routed_scaling_factor, shared_expert)
 
@@ -257,10 +314,13 @@ def moe_router_kernel(
     shared_expert: bool = False,
     *,
     splits: Optional[int] = None,  # split-K override (tests); None = `router_launch`'s rule
+    precision: Optional[str] = None,  # one of PRECISIONS; None = ROUTER_LARGE_T_PRECISION
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The "triton logits" path at any T (the op's from ROUTER_KERNEL_MIN_TOKENS; tests and the A/B force it):
-    `_router_logits_kernel`, fused epilogue or split K + `_router_topk_kernel`. Returns (topk_ids [T, k(+1)] int32,
-    topk_weights [T, k(+1)] fp32); the shared column, if any, is last."""
+    `_router_logits_kernel` at `precision` ("tf32x2w" on a float32 x runs "tf32x3", module doc), fused epilogue or
+    split K + `_router_topk_kernel`. Returns (topk_ids [T, k(+1)] int32, topk_weights [T, k(+1)] fp32); the shared
+    column, if any, is last. ValueError for an unknown precision."""
+    precision = router_precision(x.shape[0], x.dtype, ROUTER_LARGE_T_PRECISION if precision is None else precision)
     assert x.dim() == 2 and gate_weight.dim() == 2 and x.shape[1] == gate_weight.shape[1]
     T, H = x.shape
     E = gate_weight.shape[0]
@@ -274,32 +334,36 @@ def moe_router_kernel(
     cfg = router_launch(T, H, E, x.device, splits)
     if cfg.splits > 1:
         part = torch.empty((cfg.splits, T, E), dtype=torch.float32, device=x.device)
-        _launch_logits(x, gate_weight, cfg, part)
+        _launch_logits(x, gate_weight, cfg, precision, part)
         return route_from_logits(part, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)
     ids = torch.empty((T, cols), dtype=torch.int32, device=x.device)
     ws = torch.empty((T, cols), dtype=torch.float32, device=x.device)
-    _launch_logits(x, gate_weight, cfg, (ids, ws), e_score_correction_bias, top_k, routed_scaling_factor,
+    _launch_logits(x, gate_weight, cfg, precision, (ids, ws), e_score_correction_bias, top_k, routed_scaling_factor,
                    shared_expert)
     return ids, ws
 
 
-def moe_router_logits_triton(x: torch.Tensor, gate_weight: torch.Tensor, splits: Optional[int] = 1) -> torch.Tensor:
-    """The kernel's [T, E] fp32 logits alone (tests, A/B): `_router_logits_kernel` into a [splits, T, E] partial
-    buffer; splits = 1 gives exactly the logits the fused epilogue routes, splits > 1 their torch sum over splits
-    (within rounding of `_router_topk_kernel`'s in-order sum)."""
+def moe_router_logits_triton(x: torch.Tensor, gate_weight: torch.Tensor, splits: Optional[int] = 1,
+                             precision: Optional[str] = None) -> torch.Tensor:
+    """The kernel's [T, E] fp32 logits alone (tests, A/B): `_router_logits_kernel` at `precision` (as
+    `moe_router_kernel`'s) into a [splits, T, E] partial buffer; splits = 1 gives exactly the logits the fused
+    epilogue routes, splits > 1 their torch sum over splits (within rounding of `_router_topk_kernel`'s in-order
+    sum)."""
     T, H = x.shape
     E = gate_weight.shape[0]
+    precision = router_precision(T, x.dtype, ROUTER_LARGE_T_PRECISION if precision is None else precision)
     cfg = router_launch(max(T, 1), H, E, x.device, splits)
     part = torch.zeros((cfg.splits, T, E), dtype=torch.float32, device=x.device)
     if T:
-        _launch_logits(x if x.stride(1) == 1 else x.contiguous(), gate_weight.contiguous(), cfg, part)
+        _launch_logits(x if x.stride(1) == 1 else x.contiguous(), gate_weight.contiguous(), cfg, precision, part)
     return part.sum(0) if cfg.splits > 1 else part[0]
 
 
-def _launch_logits(x: torch.Tensor, gate_weight: torch.Tensor, cfg: RouterLaunch, out, bias=None, top_k: int = 1,
-                   scaling: float = 1.0, shared: bool = False) -> None:
-    """One `_router_logits_kernel` launch. out = (ids, weights): fused routing (cfg.splits must be 1); out = a
-    [splits, T, E] fp32 tensor: the partial logits (bias, top_k, scaling, shared unused)."""
+def _launch_logits(x: torch.Tensor, gate_weight: torch.Tensor, cfg: RouterLaunch, precision: str, out, bias=None,
+                   top_k: int = 1, scaling: float = 1.0, shared: bool = False) -> None:
+    """One `_router_logits_kernel` launch at `precision` (resolved by `router_precision`; under the interpreter
+    every dot is "ieee", "tf32x2w" still splits W). out = (ids, weights): fused routing (cfg.splits must be 1);
+    out = a [splits, T, E] fp32 tensor: the partial logits (bias, top_k, scaling, shared unused)."""
     T, H = x.shape
     E = gate_weight.shape[0]
     fused = isinstance(out, tuple)
@@ -309,8 +373,8 @@ def _launch_logits(x: torch.Tensor, gate_weight: torch.Tensor, cfg: RouterLaunch
         x, gate_weight, _bias(bias, E, gate_weight), part if part is not None else ws, ids, ws,
         T, H, E, x.stride(0), gate_weight.stride(0), cfg.k_chunk, float(scaling),
         BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, E_P2=cfg.e_p2, EVEN_K=H % cfg.block_k == 0,
-        DOT_PRECISION="ieee" if interpreting() else "tf32x3", FUSED=fused, TOPK=top_k, OUT_COLS=top_k + int(shared),
-        OUT_P2=triton.next_power_of_2(top_k + int(shared)),
+        DOT_PRECISION="ieee" if interpreting() else _DOT_INPUT[precision], SPLIT_W=precision == "tf32x2w",
+        FUSED=fused, TOPK=top_k, OUT_COLS=top_k + int(shared), OUT_P2=triton.next_power_of_2(top_k + int(shared)),
         HAS_BIAS=fused and bias is not None, SHARED=shared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -339,9 +403,10 @@ def moe_router(
     x: torch.Tensor, gate_weight: torch.Tensor, e_score_correction_bias: Optional[torch.Tensor], top_k: int,
     routed_scaling_factor: float = 1.0, shared_expert: bool = False, *, use_triton: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatching entry point: `moe_router_triton` when asked for (`use_triton`) and eligible, else
+    """Dispatching entry point: `moe_router_triton` (the op's rule) when asked for (`use_triton`) and eligible, else
     `moe_router_ref`; recorded as op "moe_router", the bucket naming the fast path's `router_path`."""
     reason = triton_ok(x, gate_weight)
-    run_fast = decide_triton(OP, x.shape[0], use_triton, reason, path=router_path(x.shape[0]))
-    fn = moe_router_triton if run_fast else moe_router_ref
-    return fn(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)
+    run_fast = decide_triton(OP, x.shape[0], use_triton, reason, path=router_path(x.shape[0], x.dtype))
+    if run_fast:
+        return moe_router_triton(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)
+    return moe_router_ref(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert)

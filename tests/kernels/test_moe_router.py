@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from ladle.kernels.moe_router import (ROUTER_KERNEL_MIN_TOKENS, moe_router, moe_router_kernel,
-                                     moe_router_logits_triton, moe_router_ref, moe_router_triton, router_launch,
-                                     router_logits, router_path)
+from ladle.kernels._common import tl, triton
+from ladle.kernels.moe_router import (PRECISIONS, ROUTER_KERNEL_MIN_TOKENS, _tf32_split, moe_router,
+                                     moe_router_kernel, moe_router_logits_triton, moe_router_ref, moe_router_triton,
+                                     router_launch, router_logits, router_path, router_precision)
 from ladle.observe import dispatch
 
 
@@ -89,11 +90,13 @@ def _check_against_float64(x, w, bias, k, shared, ids, wts):
     return int(clear.sum())
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("T", [1, 3, 17, 64])
 @pytest.mark.parametrize("E, with_bias, shared", [(8, True, True), (8, False, False), (12, True, False),
                                                   (12, False, True)])
-def test_kernel_logits_ids_weights_vs_float64(dtype, T, E, with_bias, shared):
+def test_kernel_logits_ids_weights_vs_float64(dtype, T, E, with_bias, shared, precision):
+    """Every precision (the interpreter's dots are "ieee"; "tf32x2w" still splits W into two dots) against float64."""
     x, w, bias = _inputs(T, E, dtype, seed=T * 100 + E + 7 * with_bias + 3 * shared)
     bias = bias if with_bias else None
     k = 3
@@ -101,18 +104,70 @@ def test_kernel_logits_ids_weights_vs_float64(dtype, T, E, with_bias, shared):
     for splits in (1, None):  # fused epilogue, then the launch rule (split K + epilogue kernel)
         cfg = router_launch(T, H_TEST, E, x.device, splits)
         assert (cfg.splits == 1) == (splits == 1), cfg
-        logits = moe_router_logits_triton(x, w, splits=splits)
+        logits = moe_router_logits_triton(x, w, splits=splits, precision=precision)
         l64 = x.double() @ w.double().T
         assert ((logits.double() - l64).abs() <= LOGIT_TOL * (x.double().abs() @ w.double().abs().T)).all()
         assert rel_err(logits, l64) < LOGIT_TOL
-        ids, wts = moe_router_kernel(x, w, bias, k, 2.0, shared_expert=shared, splits=splits)
+        ids, wts = moe_router_kernel(x, w, bias, k, 2.0, shared_expert=shared, splits=splits, precision=precision)
         assert ids.shape == wts.shape == (T, k + int(shared))
         compared += _check_against_float64(x, w, bias, k, shared, ids, wts)
     assert compared >= T, "most tokens must have a clear top-k margin (else the id check says nothing)"
 
 
 def rel_err(out, ref):
+    """Relative Frobenius error against a reference that is not all zeros."""
+    assert ref.double().norm() > 0
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@triton.jit
+def _tf32_split_probe(w_ptr, hi_ptr, lo_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    w_hi, w_lo = _tf32_split(tl.load(w_ptr + o))
+    tl.store(hi_ptr + o, w_hi)
+    tl.store(lo_ptr + o, w_lo)
+
+
+def test_tf32_split_is_exact():
+    """`_tf32_split` on fresh random fp32 values over 2^-60..2^60 (plus zeros, TF32 values and subnormals): w_hi has
+    its 13 low mantissa bits zero (a TF32 value), w_hi + w_lo == w exactly (checked in float64), w_hi is w truncated
+    toward zero (same sign, |w_hi| <= |w|, |w_lo| < 2^-10 |w| for normal w), and w_lo = 0 where w is TF32."""
+    n = 4096
+    seed = torch.seed() % 2**31  # fresh data each run; the seed is in the failure message
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, generator=g) * torch.exp2(torch.randint(-60, 61, (n,), generator=g).float())
+    w[:4] = torch.tensor([0.0, -0.0, 1.0, -3.0])  # zeros and TF32 values
+    w[4:8] = torch.tensor([1e-40, -3e-39, 2**-126, -(2**-126) * 1.5])  # subnormals, smallest normals
+    w[8:16] = (w[8:16].view(torch.int32) & ~0x1FFF).view(torch.float32)  # more exact TF32 values
+    hi, lo = torch.empty_like(w), torch.empty_like(w)
+    _tf32_split_probe[(1,)](w, hi, lo, N=n)
+    assert ((hi.view(torch.int32) & 0x1FFF) == 0).all(), seed
+    assert torch.equal(hi.double() + lo.double(), w.double()), seed
+    assert torch.equal(hi + lo, w), seed
+    assert ((hi == 0) | (torch.sign(hi) == torch.sign(w))).all() and (hi.abs() <= w.abs()).all(), seed
+    normal = w.abs() >= 2**-126
+    assert (lo[normal].abs() < 2**-10 * w[normal].abs()).all(), seed
+    assert (lo[:4] == 0).all() and (lo[8:16] == 0).all(), seed
+    assert (lo != 0).float().mean() > 0.9, "random fp32 values have non-zero low bits"
+
+
+def test_tf32x2w_splits_bf16_x_only():
+    """"tf32x2w" needs x exact in TF32: a bf16 x runs the W split (its two accumulators sum in another order than
+    the one-dot kernel, so the interpreter's logits differ in some last bits), a float32 x runs "tf32x3" (bit for bit
+    the same launch). Unknown precisions are refused by name."""
+    x, w, _ = _inputs(17, 12, torch.bfloat16, seed=5)
+    assert not torch.equal(moe_router_logits_triton(x, w, precision="tf32x2w"),
+                           moe_router_logits_triton(x, w, precision="tf32x3"))
+    xf = x.float() + 1e-3 * torch.randn(x.shape, generator=torch.Generator().manual_seed(6))
+    assert router_precision(17, torch.float32, "tf32x2w") == "tf32x3"
+    assert router_path(17, torch.float32, "tf32x2w") == "triton logits tf32x3"
+    assert router_path(17, torch.float16, "tf32x2w") == "triton logits tf32x2w"
+    assert torch.equal(moe_router_logits_triton(xf, w, precision="tf32x2w"),
+                       moe_router_logits_triton(xf, w, precision="tf32x3"))
+    with pytest.raises(ValueError, match="tf32x2w"):
+        moe_router_kernel(x, w, None, 3, precision="bf16x3")
+    with pytest.raises(ValueError, match="ieee"):
+        moe_router_triton(x, w, None, 3, precision="tf32")
 
 
 @pytest.mark.parametrize("splits", [1, None])
@@ -156,7 +211,7 @@ def test_moe_layer_routes_bf16_x_without_an_fp32_copy(T):
     moe.gate_weight.data.copy_(w)
     moe.e_score_correction_bias.data.copy_(bias)
     routes = []
-    for backends, expect_copy in ((OpBackends.kernels(), router_path(T) == "torch logits"),
+    for backends, expect_copy in ((OpBackends.kernels(), router_path(T, x.dtype) == "torch logits"),
                                   (OpBackends.reference(), True)):
         with set_forward_context(ForwardContext(None, [], backends)), FloatCopies(tuple(x.shape)) as probe:
             routes.append(moe.route(x, with_shared=True))
@@ -178,51 +233,77 @@ def test_fp16_x_read_through_a_row_stride():
         assert _check_against_float64(x, w, bias, 3, True, ids, wts) >= 17 // 2
 
 
-@pytest.mark.parametrize("T, path", [(3, "torch logits"), (ROUTER_KERNEL_MIN_TOKENS - 1, "torch logits"),
-                                     (ROUTER_KERNEL_MIN_TOKENS, "triton logits")])
-def test_path_by_token_count(monkeypatch, T, path):
-    """Below ROUTER_KERNEL_MIN_TOKENS the op computes the logits with torch and routes them with the epilogue kernel;
-    from there on the Triton logits kernel runs. The dispatch bucket names the path; both keep the bound checks."""
+@pytest.mark.parametrize("T, small, large, dtype, path", [
+    (3, None, "tf32x3", torch.bfloat16, "torch logits"),  # today's rule
+    (ROUTER_KERNEL_MIN_TOKENS - 1, None, "tf32x3", torch.bfloat16, "torch logits"),
+    (ROUTER_KERNEL_MIN_TOKENS, None, "tf32x3", torch.bfloat16, "triton logits tf32x3"),
+    (3, "ieee", "tf32x3", torch.bfloat16, "triton logits ieee"),  # the switches flipped
+    (ROUTER_KERNEL_MIN_TOKENS - 1, "ieee", "tf32x2w", torch.bfloat16, "triton logits ieee"),
+    (ROUTER_KERNEL_MIN_TOKENS, "ieee", "tf32x2w", torch.bfloat16, "triton logits tf32x2w"),
+    (ROUTER_KERNEL_MIN_TOKENS, None, "tf32x2w", torch.float32, "triton logits tf32x3"),  # fp32 x: no W-only split
+])
+def test_path_by_token_count(monkeypatch, T, small, large, dtype, path):
+    """Below ROUTER_KERNEL_MIN_TOKENS the op runs ROUTER_SMALL_T_PRECISION (None: logits by torch, routed by the
+    epilogue kernel), from there on the Triton logits kernel at ROUTER_LARGE_T_PRECISION. The dispatch bucket names
+    the path and precision that ran; every path keeps the bound checks."""
     import ladle.kernels.moe_router as mod
+    monkeypatch.setattr(mod, "ROUTER_SMALL_T_PRECISION", small)
+    monkeypatch.setattr(mod, "ROUTER_LARGE_T_PRECISION", large)
     calls = []
     for name in ("router_logits", "moe_router_kernel"):
         fn = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _n=name, _f=fn, **kw: calls.append(_n) or _f(*a, **kw))
-    x, w, bias = _inputs(T, 8, torch.bfloat16, seed=T + 31)
+        monkeypatch.setattr(mod, name, lambda *a, _n=name, _f=fn, **kw: calls.append((_n, kw.get("precision")))
+                            or _f(*a, **kw))
+    x, w, bias = _inputs(T, 8, dtype, seed=T + 31)
     dispatch.reset()
     ids, wts = moe_router(x, w, bias, 3, 2.0, shared_expert=True)
-    assert router_path(T) == path
-    assert calls == [{"torch logits": "router_logits", "triton logits": "moe_router_kernel"}[path]]
+    assert router_path(T, dtype) == path
+    assert calls == [("router_logits", None) if path == "torch logits" else ("moe_router_kernel", path.split()[-1])]
     assert list(dispatch.snapshot()["ops"]["moe_router"]["buckets"]) == [f"{dispatch.tokens_bucket(T)} {path}"]
     assert _check_against_float64(x, w, bias, 3, True, ids, wts) >= T // 2
 
 
+def test_precision_argument_forces_the_kernel():
+    """`moe_router_triton(precision=...)` runs the kernel at that precision at any T, equal to `moe_router_kernel`'s
+    call; precision None keeps the op's rule (torch logits at 3 tokens)."""
+    x, w, bias = _inputs(3, 12, torch.bfloat16, seed=41)
+    for precision in PRECISIONS:
+        got = moe_router_triton(x, w, bias, 3, 2.0, shared_expert=True, precision=precision)
+        want = moe_router_kernel(x, w, bias, 3, 2.0, shared_expert=True, precision=precision)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert _check_against_float64(x, w, bias, 3, True, *got) >= 1
+    assert router_precision(3, torch.bfloat16) is None
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", [None, "tf32x2w", "ieee"])
 @pytest.mark.parametrize("T", [1, 32, 128, 2048])
-def test_gpu_m3_shape_accuracy_and_graph(T):
-    """One TP4 rank of M3 (H 6144, E 128, top-4 + shared) on the path the op takes at T (`router_path`: torch logits
-    at 1 and 32 tokens, the Triton kernel, split K at 128 and fused at 2048): the logit bound, ids/weights vs float64,
-    and a CUDA-graph replay on new x data equal to the eager call (same launches, so bit for bit)."""
+def test_gpu_m3_shape_accuracy_and_graph(T, precision):
+    """One TP4 rank of M3 (H 6144, E 128, top-4 + shared) on the path the op takes at T (precision None,
+    `router_path`: torch logits at 1 and 32 tokens, the Triton kernel, split K at 128 and fused at 2048) or on the
+    kernel at `precision`: the logit bound, ids/weights vs float64, and a CUDA-graph replay on new x data equal to
+    the eager call (same launches, so bit for bit)."""
     g = torch.Generator(device="cuda").manual_seed(T)
     H, E, k = 6144, 128, 4
     x = torch.randn(T, H, generator=g, device="cuda").bfloat16()
     w = torch.randn(E, H, generator=g, device="cuda") / H ** 0.5
     bias = torch.randn(E, generator=g, device="cuda") * 0.1
-    if router_path(T) == "triton logits":
-        logits = moe_router_logits_triton(x, w, splits=router_launch(T, H, E, x.device).splits)
+    resolved = router_precision(T, x.dtype, precision)
+    if resolved is not None:
+        logits = moe_router_logits_triton(x, w, splits=router_launch(T, H, E, x.device).splits, precision=resolved)
     else:
         logits = router_logits(x, w)
     l64 = x.double() @ w.double().T
     assert ((logits.double() - l64).abs() <= LOGIT_TOL * (x.double().abs() @ w.double().abs().T)).all()
-    ids, wts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True)
+    ids, wts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
     # As on the CPU, half the tokens must have a clear margin: at H = 6144 with N(0,1) logits the conservative bound
     # (1e-5 x sum_k |x_k W_ek|, ~5e-4) makes many top-4 margins fall below twice it (the H200 compared 25/32,
     # 115/128, 1774/2048 tokens), while the ids of every compared token must still equal the reference's.
     assert _check_against_float64(x.cpu(), w.cpu(), bias.cpu(), k, True, ids.cpu(), wts.cpu()) >= T // 2
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gids, gwts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True)
+        gids, gwts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
     x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())
     graph.replay()
-    eids, ewts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True)
+    eids, ewts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
     assert torch.equal(gids, eids) and torch.equal(gwts, ewts)
