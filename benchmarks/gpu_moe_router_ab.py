@@ -1,19 +1,30 @@
 """MoE router A/B at one TP4 rank of MiniMax-M3 (H 6144, E 128 routed experts, top-4 + the shared column, bf16 x,
 fp32 router weight and bias as the layer stores them). A script, not a test:
 
-    PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --out moe_router_ab.json [--time-budget-s 90]  # H200, <100 s
+    PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --out moe_router_ab.json [--time-budget-s 150]  # H200, <3 min
     PYTHONPATH=. python3 benchmarks/gpu_moe_router_ab.py --smoke   # CPU: Triton interpreter, small shapes, checks only
 
 Variants per T in {1, 32, 128, 8192}:
-  "today"   torch logits + the routing epilogue: logits = x.float() @ W^T in torch (IEEE fp32, TF32 off: a cuBLAS
-            fp32 GEMM plus the fp32 copy of x), then `route_from_logits` (`_router_topk_kernel`) on them;
-  "kernel"  the Triton logits kernel forced at every T (`moe_router_kernel`): x read in bf16, 3xTF32 tl.dot, epilogue
-            fused or split K + `_router_topk_kernel` by the launch rule; the "cfg" column is BLOCK_T/BLOCK_K/splits;
-  "op"      `moe_router_triton` as dispatched: "today"'s path below ROUTER_KERNEL_MIN_TOKENS, "kernel"'s from there
-            ("cfg" names the path that ran).
-READ: "op" must match the faster of "today" and "kernel" at every T (round 7 on the H200: today 13.1/20.6/25.4/411.0
-us, kernel 22.1/26.3/23.6/370.4 us at T = 1/32/128/8192), with logit rel err ~1e-7..1e-6 and ids=f64 equal to
-today's count (or off by a near-tie). If the crossing moves, move ROUTER_KERNEL_MIN_TOKENS.
+  "today"          torch logits + the routing epilogue: logits = x.float() @ W^T in torch (IEEE fp32, TF32 off: a
+                   cuBLAS fp32 GEMM plus the fp32 copy of x), then `route_from_logits` (`_router_topk_kernel`) on them;
+  "kernel"         the Triton logits kernel forced at every T (`moe_router_kernel`, precision "tf32x3"): x read in
+                   bf16, 3xTF32 tl.dot, epilogue fused or split K + `_router_topk_kernel` by the launch rule;
+  "kernel tf32x2w" the same kernel and launch, W split in the kernel (TF32 high part + residual, two tf32 dots;
+                   ladle/kernels/moe_router.py's module doc), every T;
+  "kernel ieee"    the same kernel and launch with fp32 FMA products (exact-rounded, as the reference), T <= 128;
+  "op"             `moe_router_triton` as dispatched by the module's switches (ROUTER_KERNEL_MIN_TOKENS,
+                   ROUTER_LARGE_T_PRECISION, ROUTER_SMALL_T_PRECISION; today: "today"'s path below 128 tokens,
+                   "kernel"'s from there).
+The "cfg" column names the path: "torch", or the kernel's precision and BLOCK_T/BLOCK_K/splits.
+READ: "op" must match the fastest allowed variant at every T (round 7 on the H200: today 13.1/20.6/25.4/411.0 us,
+kernel 22.1/26.3/23.6/370.4 us at T = 1/32/128/8192), with logit rel err ~1e-7..1e-6 and ids=f64 equal to today's
+count (or off by a near-tie). Then flip the switches: "kernel tf32x2w" faster than "kernel" from 128 tokens (offline
+sm_90 SASS of the fused BLOCK_T 64 launch: 162 instructions per K step vs 500 for tf32x3) with the same error class
+-> ROUTER_LARGE_T_PRECISION = "tf32x2w"; "kernel ieee" faster than "today" below 128 -> ROUTER_SMALL_T_PRECISION =
+"ieee"; if a crossing moves, move ROUTER_KERNEL_MIN_TOKENS. "kernel ieee" and "kernel" share the split-K launch and
+its `_router_topk_kernel` pass (96 splits at T = 1 and 32, summed one split per loop step), so a gap between "kernel
+ieee" and "kernel" at small T is the dot, and what both keep over ~1 us (3 MB of W at copy bandwidth) is the launch
+and the split sum.
 Checks, on fresh random data per T (x ~ N(0,1), W ~ N(0, 1/H) so logits ~ N(0,1), bias ~ N(0, 0.1^2)): the logits'
 relative error against a float64 reference (the logits of the path the variant runs: torch's fp32 logits, or the
 kernel's own via `moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4
@@ -61,27 +72,33 @@ def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
              torch.randn(e, generator=g, device=dev) * 0.1) for _ in range(R)]
 
 
-VARIANTS = ("today", "kernel", "op")
+# variant -> the kernel precision it forces (None: "today" = torch logits, "op" = the module's rule), max T it runs
+VARIANTS = {"today": (None, None), "kernel": ("tf32x3", None), "kernel tf32x2w": ("tf32x2w", None),
+            "kernel ieee": ("ieee", 128), "op": (None, None)}
 
 
-def path_of(name: str, T: int) -> str:
-    """The logits path a variant runs at T: "torch logits" or "triton logits"."""
-    return {"today": "torch logits", "kernel": "triton logits"}.get(name) or router_path(T)
+def path_of(name: str, T: int, x_dtype: torch.dtype) -> str:
+    """The logits path a variant runs at T: "torch logits" or "triton logits <precision>" (`router_path`)."""
+    if name == "today":
+        return "torch logits"
+    return router_path(T, x_dtype, VARIANTS[name][0])
 
 
 def call(name: str, x, w, b, k):
     if name == "today":
         return route_from_logits(router_logits(x, w)[None], b, k, 2.0, shared_expert=True)
-    fn = moe_router_kernel if name == "kernel" else moe_router_triton
-    return fn(x, w, b, k, 2.0, shared_expert=True)
+    if name == "op":
+        return moe_router_triton(x, w, b, k, 2.0, shared_expert=True)
+    return moe_router_kernel(x, w, b, k, 2.0, shared_expert=True, precision=VARIANTS[name][0])
 
 
 def check(name: str, x, w, b, k) -> dict:
     """Errors of one call against float64 (module doc)."""
     T, l64 = x.shape[0], x.double() @ w.double().T
     splits = router_launch(T, x.shape[1], w.shape[0], x.device).splits
-    logits = (router_logits(x, w) if path_of(name, T) == "torch logits"
-              else moe_router_logits_triton(x, w, splits=splits))
+    path = path_of(name, T, x.dtype)
+    logits = (router_logits(x, w) if path == "torch logits"
+              else moe_router_logits_triton(x, w, splits=splits, precision=path.split()[-1]))
     ids, wts = call(name, x, w, b, k)
     choice = torch.sigmoid(l64) + b.double()
     rids = torch.sort(choice, dim=1, descending=True, stable=True).indices[:, :k]
@@ -98,10 +115,12 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
     sets = make_sets(s, T, R, seed=T)
     x, w, b = sets[0]
     base_us, base_ids = None, None
-    for name in VARIANTS:
-        cfg = router_launch(T, s["h"], s["e"], x.device)
-        row = dict(variant=name, T=T, H=s["h"], E=s["e"], R=R,
-                   cfg="torch" if path_of(name, T) == "torch logits" else f"{cfg.block_t}/{cfg.block_k}/{cfg.splits}")
+    for name, (_, max_t) in VARIANTS.items():
+        if max_t is not None and T > max_t:
+            continue
+        cfg, path = router_launch(T, s["h"], s["e"], x.device), path_of(name, T, x.dtype)
+        row = dict(variant=name, T=T, H=s["h"], E=s["e"], R=R, cfg="torch" if path == "torch logits" else
+                   f"{path.split()[-1]} {cfg.block_t}/{cfg.block_k}/{cfg.splits}")
         if time.time() > deadline:
             ROWS.append(dict(row, error="skipped: time budget"))
             log(json.dumps(ROWS[-1]))
@@ -116,7 +135,8 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
                 base_us = us if name == "today" else base_us
                 nbytes = per_set + T * (s["k"] + 1) * 8
                 row.update(us=us, tflops=2 * T * s["h"] * s["e"] / (us * 1e-6) / 1e12,
-                           pct_bw=100 * nbytes / (us * 1e-6) / 1e9 / bw, speedup=base_us / us if base_us else float("nan"))
+                           pct_bw=100 * nbytes / (us * 1e-6) / 1e9 / bw,
+                           speedup=base_us / us if base_us else float("nan"))
         except Exception as exc:  # a failing variant is a row, never the end of the run
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         ROWS.append(row)
@@ -124,11 +144,11 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
 
 
 def print_table() -> None:
-    hdr = (f"{'variant':<8} {'T':>5} {'cfg BT/BK/S':<12} {'us':>8} {'TFLOP/s':>8} {'%BW':>6} {'x today':>7} "
+    hdr = (f"{'variant':<14} {'T':>5} {'cfg prec BT/BK/S':<17} {'us':>8} {'TFLOP/s':>8} {'%BW':>6} {'x today':>7} "
            f"{'logit rel':>9} {'ids=f64':>8} {'ids=today':>9} {'w rel':>8}")
     log("\n" + hdr + "\n" + "-" * len(hdr))
     for r in sorted(ROWS, key=lambda r: r["T"]):
-        head = f"{r['variant']:<8} {r['T']:>5} {r['cfg']:<12}"
+        head = f"{r['variant']:<14} {r['T']:>5} {r['cfg']:<17}"
         if "error" in r:
             log(f"{head} FAILED/SKIPPED: {r['error']}")
             continue
@@ -142,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="moe_router_ab.json")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, checks only (no timing)")
-    ap.add_argument("--time-budget-s", type=float, default=90.0, help="skip the remaining variants after this")
+    ap.add_argument("--time-budget-s", type=float, default=150.0, help="skip the remaining variants after this")
     args = ap.parse_args()
     s = SMOKE if args.smoke else FULL
     t0 = time.time()
