@@ -3,8 +3,7 @@ target cuda:90 (Triton -> ptxas), then per kernel: registers / stack (cuobjdump 
 TTGIR's shared-memory ops (local_alloc / local_load: a dequantised tile's round trip) and wgmma count, the inner
 loop's HGMMA and wgmma waits (WARPGROUP.DEPBAR) and its SASS (the longest backward branch of cuobjdump -sass)
 as instructions per weight element (loop SASS x threads / weight elements per iteration). Source of the numbers
-in the docstring of
-ladle/kernels/fused_moe_mxfp4_decode.py:
+in the docstring of ladle/kernels/fused_moe_mxfp4_decode.py:
 
     PYTHONPATH=. python3 benchmarks/offline_sass_mxfp4.py [--show NAME]   # CPU, ~1 min
 """
