@@ -1,9 +1,9 @@
 """Offline sm_90 inspection of the MXFP4 fused-MoE kernels (no GPU): compile with the launches' constexprs for
 target cuda:90 (Triton -> ptxas), then per kernel: registers / stack (cuobjdump -res-usage), shared memory, the
-TTGIR's shared-memory ops (local_alloc / local_load: a dequantised tile's round trip) and wgmma count, and the
-inner loop's SASS (the longest backward branch of cuobjdump -sass) as instructions per weight element
-(loop SASS x threads / weight elements per iteration). Source of the numbers in the docstring of
-ladle/kernels/fused_moe_mxfp4_decode.py:
+TTGIR's shared-memory ops (local_alloc / local_load: a dequantised tile's round trip) and wgmma count, the inner
+loop's HGMMA and wgmma waits (WARPGROUP.DEPBAR) and its SASS (the longest backward branch of cuobjdump -sass)
+as instructions per weight element (loop SASS x threads / weight elements per iteration). Source of the numbers
+in the docstring of ladle/kernels/fused_moe_mxfp4_decode.py:
 
     PYTHONPATH=. python3 benchmarks/offline_sass_mxfp4.py [--show NAME]   # CPU, ~1 min
 """
@@ -83,7 +83,9 @@ def report(name, kernel, elems, num_warps, show=False):
     opc = collections.Counter(ln.split()[1 if ln.startswith("@") else 0].split(".")[0] for ln in loop)
     regs, stack = (re.search(key + r":(\d+)", res).group(1) for key in ("REG", "STACK"))
     print(f"{name:<34} regs {regs:>3} stack {stack} "
-          f"smem {kernel.metadata.shared:>6}  ttgir {dict(ops)} dots {dots}  loop {len(loop)} SASS = "
+          f"smem {kernel.metadata.shared:>6}  ttgir {dict(ops)} dots {dots}  loop HGMMA "
+          f"{sum('HGMMA' in ln for ln in loop)} wgmma waits {sum('WARPGROUP.DEPBAR' in ln for ln in loop)}  "
+          f"loop {len(loop)} SASS = "
           f"{len(loop) * num_warps * 32 / elems:.2f} per element  {dict(opc.most_common(8))}")
     if show:
         print("\n".join(loop))
@@ -98,10 +100,12 @@ def main(argv=None):
         c = dict(BM=16, BK=128, FP8_ACT=False, F32_DOT=False, BF16=dq == "bf16")
         rows.append((f"wide gemm1 16x32 {dq}", wide._mxfp4_gemm1_kernel, dict(c, BN=32), 4, 3, 128 * 32 * 2, True))
         rows.append((f"wide gemm2 16x64 {dq}", wide._mxfp4_gemm2_kernel, dict(c, BN=64), 4, 3, 128 * 64, True))
-    for bn, g, w in ((64, 2, 4), (64, 4, 4), (64, 8, 4), (128, 4, 8), (128, 2, 4)):
-        c = dict(BT=16, BN=bn, G=g, ASM=True, F32_DOT=False)
-        rows.append((f"decode gemm1 BN{bn} G{g} w{w}", dec._decode_gemm1_kernel, c, w, 3, 32 * g * bn * 2, False))
-        rows.append((f"decode gemm2 BN{bn} G{g} w{w}", dec._decode_gemm2_kernel, c, w, 3, 32 * g * bn, False))
+    for bn, g, w, dk in ((64, 2, 4, 16), (64, 4, 4, 16), (64, 8, 4, 16), (128, 4, 8, 16), (128, 2, 4, 16),
+                         (64, 2, 4, 32), (64, 4, 4, 32), (64, 8, 4, 32), (128, 4, 8, 32)):
+        c = dict(BT=16, BN=bn, G=g, ASM=True, F32_DOT=False, DOT_K=dk)
+        tag = f"BN{bn} G{g} w{w}" + (" K32" if dk == 32 else "")
+        rows.append((f"decode gemm1 {tag}", dec._decode_gemm1_kernel, c, w, 3, 32 * g * bn * 2, False))
+        rows.append((f"decode gemm2 {tag}", dec._decode_gemm2_kernel, c, w, 3, 32 * g * bn, False))
     for name, fn, c, warps, stages, elems, words in rows:
         try:
             report(name, compile_sm90(fn, c, warps, stages, words), elems, warps, bool(args.show) and args.show in name)

@@ -20,8 +20,9 @@ import torch
 
 from ladle.kernels.fp8_quant import dequant_mxfp4, quantize_mxfp4
 from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_ref, fused_moe_mxfp4_triton
-from ladle.kernels.fused_moe_mxfp4_decode import (NIBBLE_KEEP, NIBBLE_MASK_MUL, OP_DECODE, deinterleave_groups,
-                                                  nibble_asm)
+from ladle.kernels.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT
+from ladle.kernels.fused_moe_mxfp4_decode import (NIBBLE_KEEP, NIBBLE_MASK_MUL, OP_DECODE, DecodeTile,
+                                                  deinterleave_groups, fused_moe_mxfp4_decode, nibble_asm)
 from ladle.kernels.moe_router import moe_router_triton
 from ladle.observe import dispatch
 
@@ -91,6 +92,10 @@ def test_decode_path_against_reference(T):
     assert _rel(out, ref) < 1e-5
     wide = fused_moe_mxfp4_triton(x, w13_p, w13_s, w2_p, w2_s, ids, wts, path="wide")
     assert _rel(out, wide) < 1e-5
+    for tile in (DecodeTile(dot_k=32), DecodeTile(groups=4, dot_k=32)):  # one K = 32 dot per group: same math
+        alt = fused_moe_mxfp4_decode(x, w13_p, w13_s, w2_p, w2_s, ids, wts, ids.shape[1], SWIGLU_ALPHA, SWIGLU_LIMIT,
+                                     tile=tile)
+        assert _rel(alt, ref) < 1e-5, tile
 
 
 def test_dispatch_records_why_not_decode():
