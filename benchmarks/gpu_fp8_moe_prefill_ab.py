@@ -60,6 +60,10 @@ R3_PREFILL = MoETileConfig(64, 64, 128, 64, 4, 4)  # its prefill tile
 PREFILL = (
     ("round-3", R3_PREFILL, ROUND3),
     ("table", None, None),
+    # session 9: wider tiles (GEMM 2 has only K/128 = 6 steps at one TP4 rank; GEMM 1 a 256-wide gate+up dot)
+    ("gu block w8 bn1 128", MoETileConfig(64, 128, 128, 64, 8, 3), GU_BLOCK),
+    ("gu w8 bn2 256", MoETileConfig(64, 64, 256, 64, 8, 3), Fp8MoEOptions(gu_dot=True)),
+    ("gu block bm128 w8 s4", MoETileConfig(128, 64, 128, 64, 8, 4), GU_BLOCK),
     ("gu block w8", W8, GU_BLOCK),
     ("gu", T3, Fp8MoEOptions(gu_dot=True)),
     ("block w8", W8, Fp8MoEOptions(block_scales=True)),
