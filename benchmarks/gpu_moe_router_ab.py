@@ -17,22 +17,22 @@ Variants per T in {1, 32, 128, 8192}:
                    "kernel"'s from there).
 The "cfg" column names the path: "torch", or the kernel's precision and BLOCK_T/BLOCK_K/splits.
 READ: "op" must match the fastest allowed variant at every T (round 7 on the H200: today 13.1/20.6/25.4/411.0 us,
-kernel 22.1/26.3/23.6/370.4 us at T = 1/32/128/8192, before the split sum loaded four splits per loop step), with
-logit rel err ~1e-7..1e-6 and ids=f64 equal to today's count (or off by a near-tie). Then flip the switches: "kernel
-tf32x2w" faster than "kernel" from 128 tokens (offline sm_90 SASS of the fused BLOCK_T 64 launch: 162 instructions
-per K step vs 500 for tf32x3) with the same error class -> ROUTER_LARGE_T_PRECISION = "tf32x2w"; "kernel ieee"
-faster than "today" below 128 -> ROUTER_SMALL_T_PRECISION = "ieee"; if a crossing moves, move
-ROUTER_KERNEL_MIN_TOKENS. "kernel ieee" and "kernel" share the split-K launch and its `_router_topk_kernel` pass (96
-splits at T = 1 and 32), so a gap between them at small T is the dot, and what both keep over ~1 us (3 MB of W at
-copy bandwidth) is the two launches and the split sum.
+kernel 22.1/26.3/23.6/370.4 us at T = 1/32/128/8192), with logit rel err ~1e-7..1e-6 and ids=f64 equal to today's
+count (or off by a near-tie). Then flip the switches: "kernel tf32x2w" faster than "kernel" from 128 tokens (offline
+sm_90 SASS of the fused BLOCK_T 64 launch: 162 instructions per K step vs 500 for tf32x3) with the same error class
+-> ROUTER_LARGE_T_PRECISION = "tf32x2w"; "kernel ieee" faster than "today" below 128 -> ROUTER_SMALL_T_PRECISION =
+"ieee"; if a crossing moves, move ROUTER_KERNEL_MIN_TOKENS. "kernel ieee" and "kernel" share the split-K launch and
+its `_router_topk_kernel` pass (96 splits at T = 1 and 32, summed one split per loop step), so a gap between "kernel
+ieee" and "kernel" at small T is the dot, and what both keep over ~1 us (3 MB of W at copy bandwidth) is the launch
+and the split sum.
 Checks, on fresh random data per T (x ~ N(0,1), W ~ N(0, 1/H) so logits ~ N(0,1), bias ~ N(0, 0.1^2)): the logits'
 relative error against a float64 reference (the logits of the path the variant runs: torch's fp32 logits, or the
-kernel's own via `moe_router_logits_triton` with the same splits and precision), the ids that equal the float64
-reference's top-4 (stable, lower id on ties) and the routed weights' relative error against float64 weights for each
-variant's own ids. Timing (gpu_bench_common): CUDA-graph replay over R (x, W, bias) sets totalling >= 4x the L2
-(each of the 57 MoE layers has its own W, so W is not L2-resident in a real step), median per-call us; GB/s over x +
-W + outputs, % of the copy bandwidth measured in this run; TFLOP/s = 2 T H E / t. A variant that fails prints a row
-saying so.
+kernel's own via `moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4
+(stable, lower id on ties) and the routed weights' relative error against float64 weights for each variant's own
+ids. Timing
+(gpu_bench_common): CUDA-graph replay over R (x, W, bias) sets totalling >= 4x the L2 (each of the 57 MoE layers has
+its own W, so W is not L2-resident in a real step), median per-call us; GB/s over x + W + outputs, % of the copy
+bandwidth measured in this run; TFLOP/s = 2 T H E / t. A variant that fails prints a row saying so.
 SYNTHETIC DATA.
 """
 

@@ -28,8 +28,7 @@ The switches are module constants (ROUTER_KERNEL_MIN_TOKENS, ROUTER_LARGE_T_PREC
 set by the H200 A/B benchmarks/gpu_moe_router_ab.py ("kernel tf32x2w" at every T, "kernel ieee" at T <= 128).
 Measured on the H200 at one TP4 rank of M3 (H 6144, E 128, top-4 + shared, bf16 x; CUDA-graph us per call; torch
 logits vs Triton logits kernel; benchmarks/results/round7/kernels/call3_moe_router_ab.log): T=1 13.1 vs 22.1,
-T=32 20.6 vs 26.3, T=128 25.4 vs 23.6, T=8192 411.0 vs 370.4 (split K 2/4/8 there: 385/380/388, no better); the
-kernel at tf32x3, before the split sum's four loads per step (below).
+T=32 20.6 vs 26.3, T=128 25.4 vs 23.6, T=8192 411.0 vs 370.4 (split K 2/4/8 there: 385/380/388, no better).
 
 Kernels. `_router_logits_kernel`, grid (cdiv(T, BLOCK_T), SPLITS): each program multiplies a [BLOCK_T, BLOCK_K] tile
 of x, loaded in its own dtype (bf16/fp16/fp32) and widened to fp32 in registers — no fp32 copy of x in memory — by
@@ -38,11 +37,10 @@ range with `tl.dot` at the precision above. With SPLITS = 1 (enough row tiles to
 SMs) the same program runs the routing epilogue `_route_rows` on the logit tile in registers and writes ids/weights.
 With SPLITS > 1 (fewer row tiles, e.g. 48 splits at T = 128: K is split over programs to read W in parallel) each
 program writes its fp32 partial logits to a [SPLITS, T, E] buffer and `_router_topk_kernel` (grid cdiv(T, 16)) sums
-the partials in split order (atomic-free, deterministic; four splits' loads in flight per loop step, where one split
-per step waited one L2 round trip per split: 96 in a row at T = 1 and 32) and runs `_route_rows`. E_P2 = next power
-of two >= max(E, 16); experts E..E_P2-1 are masked (zero weights, -inf choice). The path and launch rules
-(`router_path`, `router_launch`) depend only on T, x's dtype, H, E and the device's SM count: no host sync, CUDA-graph
-capturable. Under the CPU interpreter the kernel's dot is exact fp32 ("ieee"), so CPU tests check the math.
+the partials in split order (atomic-free, deterministic) and runs `_route_rows`. E_P2 = next power of two >= max(E,
+16); experts E..E_P2-1 are masked (zero weights, -inf choice). The path and launch rules (`router_path`,
+`router_launch`) depend only on T, H, E and the device's SM count: no host sync, CUDA-graph capturable. Under the
+CPU interpreter the kernel's dot is exact fp32 ("ieee"), so CPU tests check the math.
 
 Accuracy contract. Logits: on the Triton path each product x_k W_ek carries <~ 2^-21 relative error ("tf32x3" drops
 the residual x residual term and rounds the residual products to TF32; "tf32x2w": x and w_hi are exact in TF32, and
@@ -189,15 +187,10 @@ def _router_topk_kernel(
     ok = t_ok[:, None] & e_ok[None, :]
     off = rows.to(tl.int64)[:, None] * num_experts + e[None, :]
     logit = tl.zeros([BLOCK_T, E_P2], tl.float32)
-    step = num_tokens * num_experts  # one split's partials
     p = part_ptr + off
-    for s in range(0, num_splits, 4):  # 4 splits' loads in flight, added in split order
-        p0 = tl.load(p, mask=ok, other=-0.0)  # masked: -0.0, the exact identity of fp32 addition
-        p1 = tl.load(p + step, mask=ok & (s + 1 < num_splits), other=-0.0)
-        p2 = tl.load(p + 2 * step, mask=ok & (s + 2 < num_splits), other=-0.0)
-        p3 = tl.load(p + 3 * step, mask=ok & (s + 3 < num_splits), other=-0.0)
-        logit = (((logit + p0) + p1) + p2) + p3
-        p += 4 * step
+    for _ in range(num_splits):
+        logit += tl.load(p, mask=ok, other=0.0)
+        p += num_tokens * num_experts  # next split's partials
     _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_experts, scaling,
                 BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
 
@@ -250,11 +243,9 @@ def router_launch(num_tokens: int, hidden: int, num_experts: int, device: torch.
         sms = num_sms(device)
         splits = 1 if 2 * tiles >= sms else min(sms // tiles, max(1, hidden // max(num_tokens, 1)))
     k_chunk = triton.cdiv(triton.cdiv(hidden, max(1, splits)), block_k) * block_k
-    # sm_90 ptxas (triton 3.6, E 128, bf16 x): no register spills, no stack at these tiles and warps, for every
-    # precision, fused epilogue included. Registers per thread at BLOCK_T 16/32/64 split K (64 fused): tf32x3
-    # 162/138/174 (184), tf32x2w 108/92/146 (151), ieee 96/79/128 (159); SASS per K step 441/429/500 (500),
-    # 218/186/162 (162), 638/618/1184 (1184); the ieee dot is FMA from shared memory, 512 FFMA per thread per
-    # BLOCK_K step at 16 and 32 rows, 1024 at 64. `_router_topk_kernel`: 128 registers, no stack.
+    # sm_90 ptxas (triton 3.6, E 128, bf16 x): no register spills at these tiles and warps, fused epilogue included.
+    # Registers per thread, split K (fused at BLOCK_T 64): tf32x3 -/-/184, tf32x2w 108/92/151, ieee 96/79/128 (159)
+    # at BLOCK_T 16/32/64; the ieee dot is FMA (512 FFMA per thread per BLOCK_K step at 16 and 32 rows, 1024 at 64).
     return RouterLaunch(block_t, block_k, e_p2, triton.cdiv(hidden, k_chunk), k_chunk,
                         num_warps=4 if block_t == 16 else 8, num_stages=3 if num_tokens > 64 else 2)
 
