@@ -91,7 +91,7 @@ class DecodeTile:
     groups: int = 2
     num_warps: int = 4
     num_stages: int = 3
-    dot_k: int = 16
+    dot_k: int = 32
 
     def __post_init__(self):
         if self.dot_k not in (16, 32):
@@ -101,8 +101,11 @@ class DecodeTile:
 # H200, 2026-12-02 (benchmarks/gpu_mxfp4_decode_ab.py, results/round7/final/mxfp4_decode_ab.log; TP4-rank shapes,
 # near-uniform routing): 2 groups per iteration 98 / 548 / 837 us at M = 1 / 32 / 128 (1.11x / 1.23x / 1.33x the
 # wide kernel, 9-27% of copy bandwidth over the MXFP4 bytes), 4 groups 1.03x / 1.20x / 1.24x, 8 groups and 128 rows
-# x 8 warps 0.6-1.0x; same relative error as the wide kernel (2.5e-3 vs float64). Still far from the FP8 kernel
-# (2.1x faster at M = 32 on twice the bytes): the goal of >= 60% of copy bandwidth is not reached.
+# x 8 warps 0.6-1.0x; same relative error as the wide kernel (2.5e-3 vs float64). Session 9 (same script,
+# results/round9/call2/mxfp4_decode_ab.log): one K = 32 dot per group (dot_k 32, the default since) 92 / 501 / 748
+# us against 98 / 553 / 845 with two K = 16 dots (1.06x / 1.10x / 1.13x; G 4 and G 8 with K 32 slower than G 2),
+# same rel_err. Still far from the FP8 kernel (317 / 518 us at M = 32 / 128 on twice the bytes): the goal of >= 60%
+# of copy bandwidth is not reached (28-30%).
 DECODE_TILE = DecodeTile()
 
 

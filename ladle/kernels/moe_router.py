@@ -29,6 +29,11 @@ set by the H200 A/B benchmarks/gpu_moe_router_ab.py ("kernel tf32x2w" at every T
 Measured on the H200 at one TP4 rank of M3 (H 6144, E 128, top-4 + shared, bf16 x; CUDA-graph us per call; torch
 logits vs Triton logits kernel; benchmarks/results/round7/kernels/call3_moe_router_ab.log): T=1 13.1 vs 22.1,
 T=32 20.6 vs 26.3, T=128 25.4 vs 23.6, T=8192 411.0 vs 370.4 (split K 2/4/8 there: 385/380/388, no better).
+Session 9 (benchmarks/results/round9/call2/moe_router_ab.log): "tf32x2w" at T=8192 188.7 us against tf32x3's 372.8
+(2.0x) but logit rel err 1.4e-5 against 2.7e-7 and 4 of 8192 tokens routed differently from float64 (tf32x3: none),
+50x the error the split predicts (about 3e-7): not understood, so not the default; "ieee" split K at T=1/32/128 34.8 /
+65.7 / 53.1 us against torch's 12.7 / 20.2 / 25.0: torch logits stay below 128 tokens. (That call also ran a split-K
+sum that loaded four splits per step: T=128 39.3 us against round 7's 23.6, reverted.)
 
 Kernels. `_router_logits_kernel`, grid (cdiv(T, BLOCK_T), SPLITS): each program multiplies a [BLOCK_T, BLOCK_K] tile
 of x, loaded in its own dtype (bf16/fp16/fp32) and widened to fp32 in registers — no fp32 copy of x in memory — by
