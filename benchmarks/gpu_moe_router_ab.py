@@ -72,9 +72,12 @@ def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
              torch.randn(e, generator=g, device=dev) * 0.1) for _ in range(R)]
 
 
-# variant -> the kernel precision it forces (None: "today" = torch logits, "op" = the module's rule), max T it runs
-VARIANTS = {"today": (None, None), "kernel": ("tf32x3", None), "kernel tf32x2w": ("tf32x2w", None),
-            "kernel ieee": ("ieee", 128), "op": (None, None)}
+# variant -> (the kernel precision it forces (None: "today" = torch logits, "op" = the module's rule), max T it runs,
+# split-K count (None: `router_launch`'s rule; session 9: fewer splits at decode sizes, where the rule gives 96 and
+# the epilogue sums them one after another in cdiv(T, 16) programs))
+VARIANTS = {"today": (None, None, None), "kernel": ("tf32x3", None, None), "kernel tf32x2w": ("tf32x2w", None, None),
+            "kernel ieee": ("ieee", 128, None), "kernel s8": ("tf32x3", 128, 8), "kernel s16": ("tf32x3", 128, 16),
+            "kernel s32": ("tf32x3", 128, 32), "kernel ieee s32": ("ieee", 128, 32), "op": (None, None, None)}
 
 
 def path_of(name: str, T: int, x_dtype: torch.dtype) -> str:
@@ -89,13 +92,14 @@ def call(name: str, x, w, b, k):
         return route_from_logits(router_logits(x, w)[None], b, k, 2.0, shared_expert=True)
     if name == "op":
         return moe_router_triton(x, w, b, k, 2.0, shared_expert=True)
-    return moe_router_kernel(x, w, b, k, 2.0, shared_expert=True, precision=VARIANTS[name][0])
+    return moe_router_kernel(x, w, b, k, 2.0, shared_expert=True, precision=VARIANTS[name][0],
+                             splits=VARIANTS[name][2])
 
 
 def check(name: str, x, w, b, k) -> dict:
     """Errors of one call against float64 (module doc)."""
     T, l64 = x.shape[0], x.double() @ w.double().T
-    splits = router_launch(T, x.shape[1], w.shape[0], x.device).splits
+    splits = router_launch(T, x.shape[1], w.shape[0], x.device, VARIANTS.get(name, (0, 0, None))[2]).splits
     path = path_of(name, T, x.dtype)
     logits = (router_logits(x, w) if path == "torch logits"
               else moe_router_logits_triton(x, w, splits=splits, precision=path.split()[-1]))
@@ -115,10 +119,10 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
     sets = make_sets(s, T, R, seed=T)
     x, w, b = sets[0]
     base_us, base_ids = None, None
-    for name, (_, max_t) in VARIANTS.items():
+    for name, (_, max_t, splits) in VARIANTS.items():
         if max_t is not None and T > max_t:
             continue
-        cfg, path = router_launch(T, s["h"], s["e"], x.device), path_of(name, T, x.dtype)
+        cfg, path = router_launch(T, s["h"], s["e"], x.device, splits), path_of(name, T, x.dtype)
         row = dict(variant=name, T=T, H=s["h"], E=s["e"], R=R, cfg="torch" if path == "torch logits" else
                    f"{path.split()[-1]} {cfg.block_t}/{cfg.block_k}/{cfg.splits}")
         if time.time() > deadline:
