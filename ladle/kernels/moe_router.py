@@ -14,8 +14,8 @@ Paths, by the local token count T (`router_precision` / `router_path`; the dispa
   T <  ROUTER_KERNEL_MIN_TOKENS (128): ROUTER_SMALL_T_PRECISION, today None: "torch logits" — `router_logits`
       (cuBLAS IEEE fp32 GEMM, TF32 off, on an fp32 copy of x), then `route_from_logits` (`_router_topk_kernel`, the
       routing epilogue); "ieee" would run the kernel below instead ("triton logits ieee");
-  T >= 128: "triton logits <ROUTER_LARGE_T_PRECISION>", today "tf32x3" — `moe_router_kernel`, x read in its own
-      dtype, tensor-core dot, routing fused.
+  T >= 128: "triton logits <ROUTER_LARGE_T_PRECISION>", today "tf32x2w" (tf32x3 for a float32 x) —
+      `moe_router_kernel`, x read in its own dtype, tensor-core dot, routing fused.
 The kernel's products (PRECISIONS; `precision=` of `moe_router_triton` / `moe_router_kernel` forces one at any T):
   "tf32x3"  tl.dot input_precision "tf32x3" (Triton splits both operands: three tensor-core dots);
   "tf32x2w" a bf16/fp16 x is exact in TF32, so only W is split, in the kernel (`_tf32_split`): w_hi = W with its 13
@@ -29,11 +29,15 @@ set by the H200 A/B benchmarks/gpu_moe_router_ab.py ("kernel tf32x2w" at every T
 Measured on the H200 at one TP4 rank of M3 (H 6144, E 128, top-4 + shared, bf16 x; CUDA-graph us per call; torch
 logits vs Triton logits kernel; benchmarks/results/round7/kernels/call3_moe_router_ab.log): T=1 13.1 vs 22.1,
 T=32 20.6 vs 26.3, T=128 25.4 vs 23.6, T=8192 411.0 vs 370.4 (split K 2/4/8 there: 385/380/388, no better).
-Session 9 (benchmarks/results/round9/call2/moe_router_ab.log): "tf32x2w" at T=8192 188.7 us against tf32x3's 372.8
-(2.0x) but logit rel err 1.4e-5 against 2.7e-7 and 4 of 8192 tokens routed differently from float64 (tf32x3: none),
-50x the error the split predicts (about 3e-7): not understood, so not the default; "ieee" split K at T=1/32/128 34.8 /
-65.7 / 53.1 us against torch's 12.7 / 20.2 / 25.0: torch logits stay below 128 tokens. (That call also ran a split-K
-sum that loaded four splits per step: T=128 39.3 us against round 7's 23.6, reverted.)
+Session 9 (benchmarks/results/round9/, H200): "tf32x2w" with one tensor-core accumulation chain over K = 6144 ran
+188.7 us at T=8192 but with logit rel err 1.4e-5 (4 of 8192 tokens routed unlike float64); the probe
+(round9/scripts/tf32_probe.py) showed the error is the tensor core's TF32 accumulation, not the split (the same with
+W's residual zero, 8x smaller with 768-long chains). With chains of TF32X2W_PROMOTE_K = 512 added in fp32
+(call 6): 196.3 us against tf32x3's 376.9 (1.92x) at T=8192, 19.4 against 23.5 us at T=128, logit rel err 1.2e-6
+(tf32x3 2.7e-7, torch's fp32 SGEMM 7.0e-7), ids equal to float64's for all 8192 tokens: the default from 128 tokens
+since. "ieee" split K at T=1/32/128: 34.8 / 65.7 / 53.1 us against torch's 12.7 / 20.2 / 25.0, and fewer splits
+(8 / 16 / 32) no better than torch: torch logits stay below 128 tokens. (A split-K sum that loaded four splits per
+step made T=128 slower, 39.3 us against 23.6: reverted.)
 
 Kernels. `_router_logits_kernel`, grid (cdiv(T, BLOCK_T), SPLITS): each program multiplies a [BLOCK_T, BLOCK_K] tile
 of x, loaded in its own dtype (bf16/fp16/fp32) and widened to fp32 in registers — no fp32 copy of x in memory — by
@@ -51,8 +55,9 @@ Accuracy contract. Logits: on the Triton path each product x_k W_ek carries <~ 2
 the residual x residual term and rounds the residual products to TF32; "tf32x2w": x and w_hi are exact in TF32, and
 w_lo (|w_lo| < 2^-10 |W|, at most 13 significant bits) loses at most its 2 lowest bits when the tensor core takes it
 as TF32 (11 significant bits), i.e. < 2^-21 |W| truncated, <= 2^-22 |W| rounded; "ieee": <= 2^-24, as the torch
-path), then fp32 accumulation adds the summation error any fp32 GEMM has (its order differs between kernels; cuBLAS
-differs from itself across split-K choices): on either path |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound
+path), then fp32 accumulation adds the summation error any fp32 GEMM has (the tensor core's TF32 accumulation is
+coarser than fp32 adds: "tf32x2w" adds its chains of TF32X2W_PROMOTE_K in fp32; the order differs between kernels;
+cuBLAS differs from itself across split-K choices): on either path |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound
 it by 1e-5 x that; the A/B prints the measured error). The logits are reproducible bit for bit for a given T and
 precision on a given device; across T (path, precision, split and tile differ) a logit may differ in its last bits.
 Routing is discrete: an exact tie of sig + bias on the computed fp32 logits picks the lower expert id (as
@@ -81,7 +86,12 @@ dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch
 EPILOGUE_BLOCK_T = 16  # token rows per program of `_router_topk_kernel`
 # The op's rule (`router_precision`), the switches an H200 A/B (benchmarks/gpu_moe_router_ab.py) flips:
 ROUTER_KERNEL_MIN_TOKENS = 128  # local tokens from which ROUTER_LARGE_T_PRECISION runs (module doc: measured)
-ROUTER_LARGE_T_PRECISION = "tf32x3"  # the kernel's products from ROUTER_KERNEL_MIN_TOKENS tokens ("tf32x2w": A/B)
+ROUTER_LARGE_T_PRECISION = "tf32x2w"  # the kernel's products from ROUTER_KERNEL_MIN_TOKENS tokens (module doc)
+# "tf32x2w": K elements per tensor-core accumulation chain; each chain's fp32 result is added to the logits on the
+# CUDA cores. H200 (results/round9/scripts/tf32_probe.py): one chain over K = 6144 gave logit rel err 1.4e-5 whether
+# W's residual was zero or W was its residual alone (the tensor core's TF32 accumulation, not the split), 768-long
+# chains 1.8e-6.
+TF32X2W_PROMOTE_K = 512
 ROUTER_SMALL_T_PRECISION: Optional[str] = None  # below it: None = torch logits; "ieee" = the kernel's split K (A/B)
 PRECISIONS = ("tf32x3", "tf32x2w", "ieee")  # the kernel's product precisions (module doc)
 _DOT_INPUT = {"tf32x3": "tf32x3", "tf32x2w": "tf32", "ieee": "ieee"}  # tl.dot input_precision of each (GPU)
@@ -131,12 +141,25 @@ def _tf32_split(w):
 
 
 @triton.jit
+def _k_tiles(x_rows, w_rows, ks, k_end, t_ok, e_ok, EVEN_K: tl.constexpr):
+    """The [BLOCK_T, BLOCK_K] x tile (its dtype) and [E_P2, BLOCK_K] W tile at columns ks; past k_end: zeros."""
+    if EVEN_K:
+        xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None], other=0.0)
+        wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None], other=0.0)
+    else:
+        k_ok = ks < k_end
+        xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+    return xt, wt
+
+
+@triton.jit
 def _router_logits_kernel(
     x_ptr, w_ptr, bias_ptr, part_ptr, ids_ptr, wts_ptr,
     num_tokens, hidden, num_experts, stride_xt, stride_we, k_chunk, scaling,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, E_P2: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr, FUSED: tl.constexpr, TOPK: tl.constexpr,
-    OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT_W: tl.constexpr, PROMOTE_K: tl.constexpr, FUSED: tl.constexpr,
+    TOPK: tl.constexpr, OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
 ):
     """Logits of BLOCK_T tokens over K range [split * k_chunk, +k_chunk), x widened to fp32 in registers, products
     by DOT_PRECISION ("tf32x3"; "ieee" under the interpreter): routed in registers (FUSED) or stored as fp32
@@ -152,24 +175,20 @@ def _router_logits_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
     w_rows = w_ptr + e.to(tl.int64)[:, None] * stride_we
     acc = tl.zeros([BLOCK_T, E_P2], tl.float32)
-    acc_lo = tl.zeros([BLOCK_T, E_P2], tl.float32)
-    for k in range(k0, k_end, BLOCK_K):
-        ks = k + kk
-        if EVEN_K:
-            xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None], other=0.0)
-            wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None], other=0.0)
-        else:
-            k_ok = ks < k_end
-            xt = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        if SPLIT_W:  # "tf32x2w": x exact in TF32, W as a TF32 high part and its fp32 residual (module doc)
-            w_hi, w_lo = _tf32_split(wt.to(tl.float32))
-            acc = tl.dot(xt.to(tl.float32), tl.trans(w_hi), acc, input_precision=DOT_PRECISION)
-            acc_lo = tl.dot(xt.to(tl.float32), tl.trans(w_lo), acc_lo, input_precision=DOT_PRECISION)
-        else:
+    if SPLIT_W:  # "tf32x2w": x exact in TF32, W as a TF32 high part and its fp32 residual (module doc)
+        for kc in range(k0, k_end, PROMOTE_K):  # tensor-core accumulation over PROMOTE_K at most, then fp32 adds
+            c_hi = tl.zeros([BLOCK_T, E_P2], tl.float32)
+            c_lo = tl.zeros([BLOCK_T, E_P2], tl.float32)
+            for k in range(kc, tl.minimum(kc + PROMOTE_K, k_end), BLOCK_K):
+                xt, wt = _k_tiles(x_rows, w_rows, k + kk, k_end, t_ok, e_ok, EVEN_K)
+                w_hi, w_lo = _tf32_split(wt.to(tl.float32))
+                c_hi = tl.dot(xt.to(tl.float32), tl.trans(w_hi), c_hi, input_precision=DOT_PRECISION)
+                c_lo = tl.dot(xt.to(tl.float32), tl.trans(w_lo), c_lo, input_precision=DOT_PRECISION)
+            acc += c_hi + c_lo
+    else:
+        for k in range(k0, k_end, BLOCK_K):
+            xt, wt = _k_tiles(x_rows, w_rows, k + kk, k_end, t_ok, e_ok, EVEN_K)
             acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=DOT_PRECISION)
-    if SPLIT_W:
-        acc += acc_lo
     if FUSED:
         _route_rows(acc, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, wts_ptr, num_experts, scaling,
                     BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
@@ -379,6 +398,7 @@ def _launch_logits(x: torch.Tensor, gate_weight: torch.Tensor, cfg: RouterLaunch
         T, H, E, x.stride(0), gate_weight.stride(0), cfg.k_chunk, float(scaling),
         BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, E_P2=cfg.e_p2, EVEN_K=H % cfg.block_k == 0,
         DOT_PRECISION="ieee" if interpreting() else _DOT_INPUT[precision], SPLIT_W=precision == "tf32x2w",
+        PROMOTE_K=max(TF32X2W_PROMOTE_K // cfg.block_k, 1) * cfg.block_k,
         FUSED=fused, TOPK=top_k, OUT_COLS=top_k + int(shared), OUT_P2=triton.next_power_of_2(top_k + int(shared)),
         HAS_BIAS=fused and bias is not None, SHARED=shared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

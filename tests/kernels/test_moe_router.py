@@ -307,3 +307,22 @@ def test_gpu_m3_shape_accuracy_and_graph(T, precision):
     graph.replay()
     eids, ewts = moe_router_triton(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
     assert torch.equal(gids, eids) and torch.equal(gwts, ewts)
+
+
+@pytest.mark.parametrize("H", [1064, 1536])
+def test_tf32x2w_promotion_chunks_long_k(H):
+    """"tf32x2w" accumulates in chains of TF32X2W_PROMOTE_K and adds each chain in fp32: at K = 1064 (three chains,
+    the last one masked: 1064 is no multiple of BLOCK_K) and 1536 (three full chains) the logits of the fused and the
+    split-K launches stay within the contract against float64, and the ids and weights match float64's."""
+    from ladle.kernels.moe_router import TF32X2W_PROMOTE_K
+    assert H > 2 * TF32X2W_PROMOTE_K
+    g = torch.Generator().manual_seed(H)
+    x = torch.randn(9, H, generator=g).bfloat16()
+    w = torch.randn(12, H, generator=g) / H ** 0.5
+    l64 = x.double() @ w.double().T
+    for splits in (1, 2):
+        logits = moe_router_logits_triton(x, w, splits=splits, precision="tf32x2w")
+        assert ((logits.double() - l64).abs() <= LOGIT_TOL * (x.double().abs() @ w.double().abs().T)).all()
+        assert rel_err(logits, l64) < 1e-6
+        ids, wts = moe_router_kernel(x, w, None, 3, 2.0, splits=splits, precision="tf32x2w")
+        assert _check_against_float64(x, w, None, 3, False, ids, wts) >= 5
