@@ -15,7 +15,11 @@ copy bandwidth over the bytes of the first set's distinct experts (MXFP4: packed
 weight; FP8: 1 + 4/128). M = 128 is above the decode path's dispatch bound (64): its rows there are forced
 (path="decode") to show where the crossover lies. READ: the decode rows' rel_err must equal the wide rows' (about
 3e-3: bf16 intermediate and output) -- a large error means the PTX nibble conversion is wrong on the GPU (it is
-only replayed in Python on the CPU); "speed-up" is vs the wide kernel at the same M. Every row runs in its own
+only replayed in Python on the CPU); "speed-up" is vs the wide kernel at the same M. "... slots16" rows: GEMM 2's
+per-slot rows in the activation dtype (slot_dtype=x.dtype: bf16 on the H200, float32 under --smoke; the SLOT_DTYPE
+A/B of ladle/kernels/fused_moe.py) for the decode default, the wide kernel and the FP8 yardstick: compare each with
+its float32-slot row (at decode sizes the slot rows are small, so little is expected; their rel_err may grow by
+the slot rounding, <= 2^-8 relative per slot). Every row runs in its own
 try/except; a failure prints as a row. SYNTHETIC DATA.
 """
 
@@ -63,14 +67,23 @@ def variants(tabs, f8):
         return fused_moe_mxfp4_ref(x, *tabs, ids, wts, compute_dtype=torch.float32)
 
     table = {"wide (today)": (lambda x, ids, wts: fused_moe_mxfp4_triton(x, *tabs, ids, wts, path="wide"), ref4,
-                              MX4_BPW)}
+                              MX4_BPW),
+             "wide slots16": (lambda x, ids, wts: fused_moe_mxfp4_triton(x, *tabs, ids, wts, path="wide",
+                                                                          slot_dtype=x.dtype), ref4, MX4_BPW)}
     for name, tile in DECODE_TILES.items():
         table[name] = (lambda x, ids, wts, tile=tile: fused_moe_mxfp4_decode(
             x, *tabs, ids, wts, ids.shape[1], SWIGLU_ALPHA, SWIGLU_LIMIT, tile=tile), ref4, MX4_BPW)
+        if name == "decode":
+            table["decode slots16"] = (lambda x, ids, wts, tile=tile: fused_moe_mxfp4_decode(
+                x, *tabs, ids, wts, ids.shape[1], SWIGLU_ALPHA, SWIGLU_LIMIT, tile=tile, slot_dtype=x.dtype), ref4,
+                MX4_BPW)
     if f8 is not None:
-        table["fp8 (yardstick)"] = (lambda x, ids, wts: fused_moe_fp8_triton(x, *f8, ids, wts),
-                                    lambda x, ids, wts: fused_moe_fp8_ref(x, *f8, ids, wts,
-                                                                          compute_dtype=torch.float32), FP8_BPW)
+        def ref8(x, ids, wts):
+            return fused_moe_fp8_ref(x, *f8, ids, wts, compute_dtype=torch.float32)
+
+        table["fp8 (yardstick)"] = (lambda x, ids, wts: fused_moe_fp8_triton(x, *f8, ids, wts), ref8, FP8_BPW)
+        table["fp8 slots16"] = (lambda x, ids, wts: fused_moe_fp8_triton(x, *f8, ids, wts, slot_dtype=x.dtype), ref8,
+                                FP8_BPW)
     return table
 
 

@@ -14,7 +14,9 @@ Kernels (kernels_and_limits.md §1.1, vLLM fused_moe structure, written from tha
                    gate and up weight slabs into two fp32 accumulators and stores swigluoai(g, u) to
                    intermediate [max_padded, I] (x dtype);
   `_gemm2_kernel`  same tiling over (max_padded/BM) x cdiv(H, BN): intermediate @ w2[e]^T, x routed weight,
-                   stored fp32 to per-slot rows out_slots[T*k, H];
+                   stored to per-slot rows out_slots[T*k, H] in the slot dtype (`store_slot_rows`: float32 by
+                   default, SLOT_DTYPE; or x's 16-bit dtype, rounded to nearest even: half the bytes written and
+                   read back, vLLM's practice);
   `_moe_combine_kernel`  out[t] = sum over the k slot rows t*k .. t*k+k-1 of out_slots, fp32 in slot order,
                    cast to x.dtype in the same pass (op "moe_combine", `moe_combine`; shared by the FP8 and MXFP4
                    launchers). No atomics: gemm2's tiles run in expert order, so a token's k slots land in different
@@ -39,7 +41,8 @@ from ladle.observe.op_timing import timed_op
 OP = "fused_moe"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); bf16/fp16/fp32 weights = x dtype")
 OP_COMBINE = "moe_combine"
-dispatch.register(OP_COMBINE, "triton", "cuda (or cpu+TRITON_INTERPRET); out_slots [T*k, H] fp32 contiguous")
+dispatch.register(OP_COMBINE, "triton", "cuda (or cpu+TRITON_INTERPRET); out_slots [T*k, H] fp32/bf16/fp16 "
+                  "contiguous")
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -139,6 +142,14 @@ def store_swigluoai(inter_ptr, offs_m, offs_n, n_ok, N_HALF, acc_g, acc_u, alpha
 
 
 @triton.jit
+def store_slot_rows(ptrs, acc, mask):
+    """GEMM 2 epilogue: the fp32 tile acc (routed weight applied) stored at ptrs (rows of out_slots) in their dtype,
+    rounded to nearest even by `round_to` (the interpreter's truncating cast too); float32 rows store acc as is."""
+    dt = ptrs.dtype.element_ty
+    tl.store(ptrs, round_to(acc, dt).to(dt), mask=mask)
+
+
+@triton.jit
 def _gemm1_kernel(
     x_ptr, w_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
     numel, topk_cols, N_HALF, K,
@@ -207,9 +218,8 @@ def _gemm2_kernel(
         a_ptrs += BK
         b_ptrs += BK
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
-    acc = acc * wt[:, None]
     out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out, acc, mask=row_ok[:, None] & n_ok[None, :])
+    store_slot_rows(out, acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
 
 
 def moe_launch_plan(topk_ids: torch.Tensor, num_experts: int, H: int, I: int,
@@ -251,8 +261,10 @@ def fused_moe_triton(
     alpha: float = SWIGLU_ALPHA,
     limit: float = SWIGLU_LIMIT,
     config: Optional[MoETileConfig] = None,
+    slot_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    """Triton fused MoE. Returns [T, H] in x.dtype. No host sync; shapes fixed by (T, k, E', H, I)."""
+    """Triton fused MoE. Returns [T, H] in x.dtype. slot_dtype: dtype of GEMM 2's per-slot rows (`slot_dtype_for`;
+    None: the module default SLOT_DTYPE). No host sync; shapes fixed by (T, k, E', H, I)."""
     T, H = x.shape
     E, two_i, Hw = w13.shape
     I = two_i // 2
@@ -261,6 +273,7 @@ def fused_moe_triton(
     assert x.dtype == w13.dtype == w2.dtype
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
     k = check_routing(topk_ids, topk_weights, T)
+    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
     if T == 0:
         return torch.empty_like(x)
     cfg, (bn1, bn2, bk1, bk2), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config)
@@ -273,7 +286,7 @@ def fused_moe_triton(
         BM=bm, BN=bn1, BK=bk1, EVEN_K=H % bk1 == 0, F32_DOT=f32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
+    out_slots = torch.empty((T * k, H), dtype=slots_dt, device=x.device)
     _gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
         inter, w2, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
         w2.stride(0), w2.stride(1),
@@ -283,11 +296,33 @@ def fused_moe_triton(
     return moe_combine(out_slots, T, k, x.dtype, use_triton=True)
 
 
+# dtype of GEMM 2's per-slot rows out_slots [T*k, H] when a fused MoE launcher's slot_dtype is None (one default for
+# the bf16, FP8 and MXFP4 launchers; `slot_dtype_for`). float32: each slot's fp32 accumulator stored as is (today).
+# torch.bfloat16 / torch.float16 (an A/B flips it here): 16-bit x gets rows in x.dtype, each slot rounded once
+# (vLLM stores its slot rows in the activation dtype and sums them in `moe_sum`); float32 x keeps float32 rows.
+SLOT_DTYPE: torch.dtype = torch.float32
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
+SLOT_DTYPES = (torch.float32,) + _HALF_DTYPES  # what `moe_combine` reads
+
+
+def slot_dtype_for(x_dtype: torch.dtype, slot_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """dtype of out_slots for activations of x_dtype. slot_dtype None: SLOT_DTYPE, where a 16-bit value stands for
+    x's own 16-bit dtype (float32 rows for other x). Given: torch.float32, or x_dtype when that is bf16 / fp16;
+    anything else raises ValueError naming those."""
+    half_x = x_dtype in _HALF_DTYPES
+    if slot_dtype is None:
+        return x_dtype if half_x and SLOT_DTYPE in _HALF_DTYPES else torch.float32
+    if slot_dtype == torch.float32 or (half_x and slot_dtype == x_dtype):
+        return slot_dtype
+    offers = "torch.float32" + (f" or {x_dtype} (x's dtype)" if half_x else " (x is not bf16 / fp16)")
+    raise ValueError(f"slot_dtype {slot_dtype} with x {x_dtype}: ladle offers None (SLOT_DTYPE), {offers}")
+
+
 @triton.jit
 def _moe_combine_kernel(slots_ptr, out_ptr, T, H, K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
-    """Program (token block, H block): out[t, h] = (((s[t*K] + s[t*K+1]) + ...) + s[t*K+K-1])[h], fp32, rounded to
-    out's dtype by `round_to` (round to nearest even, under the interpreter too). The K loads of a tile are unrolled
-    (K constexpr) so they are all in flight at once."""
+    """Program (token block, H block): out[t, h] = (((s[t*K] + s[t*K+1]) + ...) + s[t*K+K-1])[h], fp32 (16-bit slots
+    upcast exactly on load), rounded to out's dtype by `round_to` (round to nearest even, under the interpreter
+    too). The K loads of a tile are unrolled (K constexpr) so they are all in flight at once."""
     offs_t = tl.program_id(0) * BT + tl.arange(0, BT)
     offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
     ok = (offs_t < T)[:, None] & (offs_h < H)[None, :]
@@ -310,16 +345,20 @@ def combine_tile(num_tokens: int) -> tuple[int, int, int]:
 
 def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
                        block_t: Optional[int] = None, block_h: Optional[int] = None) -> torch.Tensor:
-    """out_slots [T*k, H] float32 contiguous (row t*k + i: slot i of token t) -> [T, H] in out_dtype, one pass.
-    Sums the slots in the fixed order ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounds once to
-    out_dtype (round to nearest even), so the result is deterministic and bitwise equal to that sequential fp32
-    loop done in torch. Against `moe_combine_ref` (torch's sum, whose pairing of the slots depends on device and
-    shape: on the CPU it is this sequential order for some shapes, not for others): equal values (torch.equal; a
-    zero's sign may differ, torch starts from +0) for k <= 2, else equal up to fp32 summation order, |diff| <=
-    2 (k-1) 2^-24 sum_i |s_i| before the one rounding to out_dtype. block_t / block_h override `combine_tile`.
-    No host sync: CUDA-graph capturable."""
+    """out_slots [T*k, H] float32, bfloat16 or float16 contiguous (row t*k + i: slot i of token t) -> [T, H] in
+    out_dtype, one pass. Each slot is upcast to fp32 (exact) and the slots are summed in the fixed order
+    ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounded once to out_dtype (round to nearest even), so
+    the result is deterministic and bitwise equal to that sequential fp32 loop done in torch on out_slots.float().
+    16-bit slots: GEMM 2 rounded each slot once to the slot dtype (nearest even, unit roundoff u_s = 2^-8 bf16,
+    2^-11 fp16: |r_i - s_i| <= u_s |s_i|; fp16 also adds <= 2^-25 absolute below 2^-14 and overflows past 65504),
+    so against the exact slots s_i the sum before the final rounding is within (u_s + (k-1) 2^-24 (1 + u_s)) S,
+    S = sum_i |s_i|; float32 slots: (k-1) 2^-24 S. Against `moe_combine_ref` (torch's sum, whose pairing of the
+    slots depends on device and shape: on the CPU it is this sequential order for some shapes, not for others):
+    equal values (torch.equal; a zero's sign may differ, torch starts from +0) for k <= 2, else equal up to fp32
+    summation order, |diff| <= 2 (k-1) 2^-24 sum_i |slot i as stored| before the one rounding to out_dtype.
+    block_t / block_h override `combine_tile`. No host sync: CUDA-graph capturable."""
     T, H = num_tokens, out_slots.shape[1]
-    assert out_slots.shape == (T * k, H) and out_slots.dtype == torch.float32 and out_slots.is_contiguous()
+    assert out_slots.shape == (T * k, H) and out_slots.dtype in SLOT_DTYPES and out_slots.is_contiguous()
     out = torch.empty((T, H), dtype=out_dtype, device=out_slots.device)
     if T == 0:
         return out
@@ -331,8 +370,10 @@ def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dty
 
 
 def moe_combine_ref(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """Torch reference: out_slots [T*k, H] float32 -> [T, H] = out_slots.view(T, k, H).sum(dim=1).to(out_dtype)."""
-    return out_slots.view(num_tokens, k, out_slots.shape[1]).sum(dim=1).to(out_dtype)
+    """Torch reference: out_slots [T*k, H] float32 / bf16 / fp16 -> [T, H] =
+    out_slots.float().view(T, k, H).sum(dim=1).to(out_dtype) (16-bit slots upcast first: an fp32 sum, as the
+    kernel; the pairing of torch's sum as in `moe_combine_triton`'s doc)."""
+    return out_slots.float().view(num_tokens, k, out_slots.shape[1]).sum(dim=1).to(out_dtype)
 
 
 def moe_combine(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype, *,

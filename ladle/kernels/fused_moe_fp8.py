@@ -50,7 +50,8 @@ from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_
 from ladle.kernels.fp8_gemm import fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, moe_combine,
-                                     moe_launch_plan, moe_tile_cols, moe_tile_rows, swigluoai_ref, store_swigluoai)
+                                     moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for, store_slot_rows,
+                                     store_swigluoai, swigluoai_ref)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -208,7 +209,7 @@ def _fp8_gemm2_kernel(
             acc = _weight_step(a, a_s, b_ptrs, w_s, kb0 + j, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
     out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out, acc * wt[:, None], mask=row_ok[:, None] & n_ok[None, :])
+    store_slot_rows(out, acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
 
 
 def _check(x, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
@@ -247,7 +248,8 @@ def block_scales_uniform(w13_scale: torch.Tensor, w2_scale: torch.Tensor) -> boo
 
 class Fp8MoEPlan(NamedTuple):
     """Host plan of one launch (`fp8_moe_plan`): tile and options, the clipped BN1 / BN2, the weight group g (128, or
-    32 for E8M0 scales), moe_align's (sorted_ids, expert_ids, num_tokens_post_padded), T tokens and k slots."""
+    32 for E8M0 scales), moe_align's (sorted_ids, expert_ids, num_tokens_post_padded), T tokens, k slots and the
+    dtype of GEMM 2's slot rows (`slot_dtype_for`)."""
 
     cfg: MoETileConfig
     opt: Fp8MoEOptions
@@ -260,15 +262,18 @@ class Fp8MoEPlan(NamedTuple):
     npp: torch.Tensor
     T: int
     k: int
+    slot_dtype: torch.dtype
 
 
 def fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config: Optional[MoETileConfig] = None,
-                 options: Optional[Fp8MoEOptions] = None, block_uniform: bool = False) -> Fp8MoEPlan:
+                 options: Optional[Fp8MoEOptions] = None, block_uniform: bool = False,
+                 slot_dtype: Optional[torch.dtype] = None) -> Fp8MoEPlan:
     """Check the tables and routes (module doc), pick tile / options from the local T and the weight family unless
     given, align by expert. block_uniform: the caller knows `block_scales_uniform` holds (family "fp8_block").
-    T must be > 0."""
+    slot_dtype: as `fused_moe_fp8_triton`. T must be > 0."""
     T, H, E, I = _check(x, w13, w13_scale, w2, w2_scale)
     k = check_routing(topk_ids, topk_weights, T)
+    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
     g, e8m0 = weight_group(w13_scale), w13_scale.dtype == torch.uint8
     family = "mxfp8" if e8m0 else ("fp8_block" if block_uniform and I % 128 == 0 else "fp8")
     cfg, (bn1, bn2, _, _), align = moe_launch_plan(topk_ids, E, H, I, config, g, family)
@@ -276,14 +281,14 @@ def fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config
     if opt.block_scales and (e8m0 or 128 % bn1 or 128 % bn2 or I % 128):
         raise ValueError(f"block_scales needs fp32 128-group scales, BN1 {bn1} and BN2 {bn2} dividing 128 and I {I} a "
                          f"multiple of 128 (got {'E8M0' if e8m0 else 'fp32'} scales); ladle offers block_scales=False")
-    return Fp8MoEPlan(cfg, opt, bn1, bn2, g, e8m0, *align, T, k)
+    return Fp8MoEPlan(cfg, opt, bn1, bn2, g, e8m0, *align, T, k, slots_dt)
 
 
 def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
                   alpha: float, limit: float, out_dtype: torch.dtype) -> torch.Tensor:
     """GEMM 1 + swigluoai: a_q [T, H] fp8 / a_s [T, H/128] fp32 (op "fp8_act_quant" of x) -> intermediate [P, I]
     in out_dtype, P = plan.sorted_ids.numel() rows in aligned order."""
-    (cfg, opt, bn1, _, g, e8m0, sorted_ids, expert_ids, npp, T, k), (H, I) = plan, (w13.shape[2], w13.shape[1] // 2)
+    (cfg, opt, bn1, _, g, e8m0, sorted_ids, expert_ids, npp, T, k, _), (H, I) = plan, (w13.shape[2], w13.shape[1] // 2)
     bm, P = cfg.block_m, sorted_ids.numel()
     inter = torch.empty((P, I), dtype=out_dtype, device=a_q.device)
     _fp8_gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](
@@ -298,10 +303,10 @@ def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: t
 def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
     """GEMM 2 x routed weight: i_q [P, I] fp8 / i_s [P, I/128] fp32 (the quantized intermediate) -> out_slots
-    [T*k, H] float32 (row t*k + i: slot i of token t; `moe_combine` sums them)."""
-    (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k), (H, I) = plan, (w2.shape[1], w2.shape[2])
+    [T*k, H] in plan.slot_dtype (row t*k + i: slot i of token t; `moe_combine` sums them)."""
+    (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k, slots_dt), (H, I) = plan, (w2.shape[1], w2.shape[2])
     bm, P = cfg.block_m, sorted_ids.numel()
-    out_slots = torch.empty((T * k, H), dtype=torch.float32, device=i_q.device)
+    out_slots = torch.empty((T * k, H), dtype=slots_dt, device=i_q.device)
     _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
         i_q, i_s, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
         triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0),
@@ -315,16 +320,20 @@ def fused_moe_fp8_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
     config: Optional[MoETileConfig] = None, options: Optional[Fp8MoEOptions] = None, block_uniform: bool = False,
+    slot_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     """x [T, H] float, w13/w2 fp8 with scales (module doc), topk_ids [T, k] int32 rows of the tables,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. config / options override the tile and option tables;
     block_uniform: `block_scales_uniform(w13_scale, w2_scale)` is known to hold (the "fp8_block" rows).
+    slot_dtype: dtype of GEMM 2's per-slot rows (ladle/kernels/fused_moe.py `slot_dtype_for`; None: SLOT_DTYPE).
     No host sync; shapes fixed by (T, k, E', H, I)."""
     if x.shape[0] == 0:
         _check(x, w13, w13_scale, w2, w2_scale)
         check_routing(topk_ids, topk_weights, 0)
+        slot_dtype_for(x.dtype, slot_dtype)
         return torch.empty_like(x)
-    plan = fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config, options, block_uniform)
+    plan = fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config, options, block_uniform,
+                        slot_dtype)
     a_q, a_s = act_quant(x.contiguous(), use_triton=True)
     inter = fp8_moe_gemm1(plan, a_q, a_s, w13, w13_scale, alpha, limit, x.dtype)
     i_q, i_s = act_quant(inter, use_triton=True)

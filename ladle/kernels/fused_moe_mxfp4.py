@@ -55,7 +55,8 @@ from ladle.kernels._common import decide_triton, interpreting, tl, triton, trito
 from ladle.kernels.fp8_quant import MX_GROUP, act_quant, dequant_mxfp4
 from ladle.kernels.fused_moe_fp8 import w8a8_moe_ref
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, fused_moe_ref,
-                                     moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, store_swigluoai)
+                                     moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for,
+                                     store_slot_rows, store_swigluoai)
 from ladle.kernels.fused_moe_mxfp4_decode import OP_DECODE, decode_ineligible, fused_moe_mxfp4_decode
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
@@ -203,7 +204,7 @@ def _mxfp4_gemm2_kernel(
         a_ptrs += BK
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
     out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out, acc * wt[:, None], mask=row_ok[:, None] & n_ok[None, :])
+    store_slot_rows(out, acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
 
 
 def mxfp4_block_k(fp8_activations: bool, block_k: Optional[int] = None) -> int:
@@ -223,7 +224,7 @@ def fused_moe_mxfp4_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
     config: Optional[MoETileConfig] = None, fp8_activations: bool = False, block_k: Optional[int] = None,
-    dequant: str = "f32", path: Optional[str] = None,
+    dequant: str = "f32", path: Optional[str] = None, slot_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     """x [T, H] float, w13 / w2 packed MXFP4 with E8M0 scales (module doc), topk_ids [T, k] int32,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. H and I must be multiples of 32. fp8_activations: W4A8 (x and
@@ -234,7 +235,9 @@ def fused_moe_mxfp4_triton(
     of benchmarks/gpu_mxfp4_ab.py. The default is "f32" until an H200 run shows the bf16 rows' error equal to the f32
     rows' (this kernel has not run on a GPU yet, 2026-12-01). path: "decode" (ladle/kernels/fused_moe_mxfp4_decode.py)
     or "wide" (this module's kernels); None: decode when its rule (`decode_ineligible`) passes and no wide-kernel
-    option (config, block_k, dequant) is given, recorded as op "fused_moe_mxfp4_decode" in the dispatch record."""
+    option (config, block_k, dequant) is given, recorded as op "fused_moe_mxfp4_decode" in the dispatch record.
+    slot_dtype: dtype of GEMM 2's per-slot rows, both paths (ladle/kernels/fused_moe.py `slot_dtype_for`; None:
+    SLOT_DTYPE)."""
     T, H = x.shape
     E, two_i, half_h = w13.shape
     I = two_i // 2
@@ -243,10 +246,12 @@ def fused_moe_mxfp4_triton(
     assert w13_scale.shape == (E, two_i, H // MX_GROUP) and w2_scale.shape == (E, H, I // MX_GROUP)
     assert all(t.is_contiguous() for t in (w13, w2, w13_scale, w2_scale)) and x.stride(1) == 1
     k = check_routing(topk_ids, topk_weights, T)
+    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
     if T == 0:
         return torch.empty_like(x)
     if _use_decode(x, fp8_activations, path, config is None and block_k is None and dequant == "f32"):
-        return fused_moe_mxfp4_decode(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, k, alpha, limit)
+        return fused_moe_mxfp4_decode(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, k, alpha, limit,
+                                      slot_dtype=slots_dt)
     cfg, (bn1, bn2, _, _), (sorted_ids, expert_ids, npp) = moe_launch_plan(
         topk_ids, E, H, I, config, MX_GROUP, "w4a8" if fp8_activations else "mxfp4")
     bm, P = cfg.block_m, sorted_ids.numel()
@@ -262,7 +267,7 @@ def fused_moe_mxfp4_triton(
         BM=bm, BN=bn1, BK=mxfp4_block_k(fp8_activations, block_k), FP8_ACT=fp8_activations, F32_DOT=f32,
         BF16=bf16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     i_q, i_s = act_quant(inter, use_triton=True) if fp8_activations else (inter, inter)
-    out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
+    out_slots = torch.empty((T * k, H), dtype=slots_dt, device=x.device)
     _mxfp4_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
         i_q, i_s, w2_words, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H,
         I // 8, i_s.shape[1] if fp8_activations else 0, w2_words.stride(0), w2_scale.stride(0),

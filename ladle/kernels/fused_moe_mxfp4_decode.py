@@ -64,7 +64,7 @@ import torch
 from ladle.kernels._common import interpreting, tl, triton
 from ladle.kernels.fp8_quant import MX_GROUP
 from ladle.kernels.fused_moe import (MoETileConfig, moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows,
-                                     store_swigluoai)
+                                     slot_dtype_for, store_slot_rows, store_swigluoai)
 from ladle.observe import dispatch
 
 OP_DECODE = "fused_moe_mxfp4_decode"
@@ -237,7 +237,7 @@ def _decode_gemm2_kernel(
         a_ptrs += 32 * G
     wt = tl.load(topk_w_ptr + slot, mask=t_ok, other=0.0)
     out = out_ptr + slot[None, :].to(tl.int64) * N + offs_n[:, None]
-    tl.store(out, acc * wt[None, :], mask=t_ok[None, :] & n_ok[:, None])
+    store_slot_rows(out, acc * wt[None, :], t_ok[None, :] & n_ok[:, None])
 
 
 def decode_ineligible(x: torch.Tensor, fp8_activations: bool) -> Optional[str]:
@@ -267,12 +267,15 @@ def _groups_per_step(groups: int, num_groups: int) -> int:
 
 def fused_moe_mxfp4_decode(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                            w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, k: int,
-                           alpha: float, limit: float, tile: DecodeTile = DECODE_TILE) -> torch.Tensor:
+                           alpha: float, limit: float, tile: DecodeTile = DECODE_TILE,
+                           slot_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The decode launcher (arguments checked by `fused_moe_mxfp4_triton`): x [T, H] bf16 (float32 under the
-    interpreter), packed tables as stored -> [T, H] in x.dtype."""
+    interpreter), packed tables as stored -> [T, H] in x.dtype. slot_dtype: dtype of GEMM 2's per-slot rows
+    (ladle/kernels/fused_moe.py `slot_dtype_for`; None: SLOT_DTYPE)."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     I = two_i // 2
+    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
     cfg = MoETileConfig(tile.block_t, tile.block_n, tile.block_n, MX_GROUP * tile.groups, tile.num_warps,
                         tile.num_stages)
     _, _, (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, cfg, MX_GROUP, "mxfp4")
@@ -286,7 +289,7 @@ def fused_moe_mxfp4_decode(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.
         x_de, w13, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H // 2, x_de.stride(0),
         w13.stride(0), w13_scale.stride(0), float(alpha), float(limit),
         G=_groups_per_step(tile.groups, H // MX_GROUP), **launch)
-    out_slots = torch.empty((T * k, H), dtype=torch.float32, device=x.device)
+    out_slots = torch.empty((T * k, H), dtype=slots_dt, device=x.device)
     _decode_gemm2_kernel[((P // tile.block_t) * triton.cdiv(H, tile.block_n),)](
         inter, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I // 2,
         w2.stride(0), w2_scale.stride(0), G=_groups_per_step(tile.groups, I // MX_GROUP), **launch)

@@ -1,6 +1,7 @@
 """The MoE combine over the k slots (ladle/kernels/fused_moe.py `moe_combine`): Triton kernel vs a float64 sum, vs
-the sequential fp32 order it promises, and vs today's torch expression (`moe_combine_ref`); the dispatcher; the
-three fused MoE launchers run it."""
+the sequential fp32 order it promises, and vs today's torch expression (`moe_combine_ref`), for float32 and 16-bit
+slot rows; the dispatcher; the fused MoE launchers run it, and their slot_dtype option (16-bit slot rows) against
+the float32 rows and the float64 references."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ import torch
 
 from ladle.kernels._common import cpu_interpreter
 from ladle.kernels.fp8_quant import quantize_fp8_rows, quantize_mxfp4
-from ladle.kernels.fused_moe import fused_moe_triton, moe_combine, moe_combine_ref, moe_combine_triton
-from ladle.kernels.fused_moe_fp8 import fused_moe_fp8_triton
-from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_triton
+from ladle.kernels import fused_moe as moe16, fused_moe_fp8 as moe8, fused_moe_mxfp4 as mx4
+from ladle.kernels import fused_moe_mxfp4_decode as mx4_decode
+from ladle.kernels.fused_moe import (fused_moe_ref, fused_moe_triton, moe_combine, moe_combine_ref, moe_combine_triton,
+                                     slot_dtype_for)
+from ladle.kernels.fused_moe_fp8 import fused_moe_fp8_ref, fused_moe_fp8_triton
+from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_ref, fused_moe_mxfp4_triton
 from ladle.observe import dispatch
 
-U = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8}  # unit roundoff of round-to-nearest (p = 24, 8 bits)
+# unit roundoff of round-to-nearest (p = 24, 8, 11 significant bits)
+U = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 def _slots(T, k, H, seed=0, device="cpu"):
@@ -88,10 +93,33 @@ def test_combine_hand_values_ties_nan_inf():
     assert out[[0, 1, 2, 4]].tolist() == [1.0, -(1 + 2 ** -6), inf, inf] and out[[3, 5]].isnan().all()
 
 
-def test_combine_zero_tokens_and_rejects_non_fp32_slots():
+@pytest.mark.parametrize("slot_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,k,H,bt,bh", SHAPES[:3] + SHAPES[-1:])
+def test_combine_16bit_slots(T, k, H, bt, bh, out_dtype, slot_dtype):
+    """16-bit slot rows r_i = round(s_i) (GEMM 2's store): bitwise the sequential fp32 sum of the upcast rows, one
+    rounding; against the float64 sum of the exact s_i the docstring bound: pre = (u_s + (k-1) u32 (1 + u_s)) S
+    (+ k 2^-25 for fp16's subnormals), then the rounding to out_dtype: pre + u_out (|ref| + pre). k <= 2: equal to
+    `moe_combine_ref`, which upcasts first too."""
+    exact = _slots(T, k, H, seed=T * k + H + 1).clamp(-6e4, 6e4)  # inside fp16's range
+    slots = exact.to(slot_dtype)
+    out = moe_combine_triton(slots, T, k, out_dtype, block_t=bt, block_h=bh)
+    assert out.dtype == out_dtype and torch.equal(out, _sequential(slots.float(), T, k, out_dtype))
+    ref = exact.double().view(T, k, H).sum(1)
+    s_abs = exact.double().abs().view(T, k, H).sum(1)
+    u_s = U[slot_dtype]
+    pre = (u_s + (k - 1) * U[torch.float32] * (1 + u_s)) * s_abs * (1 + 1e-6)
+    pre += k * 2.0 ** -25 if slot_dtype == torch.float16 else 0.0
+    assert ((out.double() - ref).abs() <= pre + U[out_dtype] * (ref.abs() + pre)).all()
+    if k <= 2:
+        assert torch.equal(out, moe_combine_ref(slots, T, k, out_dtype))
+
+
+def test_combine_zero_tokens_and_rejects_other_slot_dtypes():
     assert moe_combine_triton(torch.empty(0, 16), 0, 3, torch.bfloat16).shape == (0, 16)
+    assert moe_combine_triton(torch.empty(0, 16, dtype=torch.bfloat16), 0, 3, torch.bfloat16).shape == (0, 16)
     with pytest.raises(AssertionError):
-        moe_combine_triton(torch.zeros(6, 16, dtype=torch.bfloat16), 2, 3, torch.bfloat16)
+        moe_combine_triton(torch.zeros(6, 16, dtype=torch.float64), 2, 3, torch.bfloat16)
 
 
 def test_combine_dispatch_records_and_falls_back():
@@ -131,6 +159,109 @@ def test_fused_moe_launchers_combine_through_the_op(fmt):
     assert out.shape == (T, H) and out.dtype == x.dtype
     assert sum(b["executed"] for b in dispatch.snapshot()["ops"]["moe_combine"]["buckets"].values()) == 1
     dispatch.reset()
+
+
+def _mx4_tables(w):
+    return [torch.stack(t) for t in zip(*map(quantize_mxfp4, w))]
+
+
+# family -> (launcher(x, tables, ids, wts, **kw), float64 reference(x, tables, ids, wts), tables from float weights)
+FAMILIES = {
+    "bf16": (lambda x, t, ids, wts, **kw: fused_moe_triton(x, *t, ids, wts, **kw),
+             lambda x, t, ids, wts: fused_moe_ref(x, *t, ids, wts), lambda w13, w2: [w13.bfloat16(), w2.bfloat16()]),
+    "fp8": (lambda x, t, ids, wts, **kw: fused_moe_fp8_triton(x, *t, ids, wts, **kw),
+            lambda x, t, ids, wts: fused_moe_fp8_ref(x, *t, ids, wts),
+            lambda w13, w2: [*quantize_fp8_rows(w13), *quantize_fp8_rows(w2)]),
+    "mxfp4": (lambda x, t, ids, wts, **kw: fused_moe_mxfp4_triton(x, *t, ids, wts, path="wide", **kw),
+              lambda x, t, ids, wts: fused_moe_mxfp4_ref(x, *t, ids, wts),
+              lambda w13, w2: _mx4_tables(w13) + _mx4_tables(w2)),
+    "mxfp4_decode": (lambda x, t, ids, wts, **kw: fused_moe_mxfp4_triton(x, *t, ids, wts, path="decode", **kw),
+                     lambda x, t, ids, wts: fused_moe_mxfp4_ref(x, *t, ids, wts),
+                     lambda w13, w2: _mx4_tables(w13) + _mx4_tables(w2)),
+    "w4a8": (lambda x, t, ids, wts, **kw: fused_moe_mxfp4_triton(x, *t, ids, wts, fp8_activations=True, **kw),
+             lambda x, t, ids, wts: fused_moe_mxfp4_ref(x, *t, ids, wts, fp8_activations=True),
+             lambda w13, w2: _mx4_tables(w13) + _mx4_tables(w2)),
+}
+
+
+def _spy_slots(monkeypatch):
+    """Record every out_slots [T*k, H] the launchers hand to `moe_combine` (each module's own reference to it)."""
+    seen, real = [], moe16.moe_combine
+
+    def spy(out_slots, *args, **kwargs):
+        seen.append(out_slots.clone())
+        return real(out_slots, *args, **kwargs)
+
+    for mod in (moe16, moe8, mx4, mx4_decode):
+        monkeypatch.setattr(mod, "moe_combine", spy)
+    return seen
+
+
+def _moe_case(fmt, seed, T=7, E=4, H=64, I=64, k_routed=2):
+    """bf16 x [T, H], fresh random tables of `fmt` (E routed + the shared row E), ids [T, k_routed + 1] (distinct
+    routed experts, then the shared column E with weight 1.0), weights fp32."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    w13 = torch.randn(E + 1, 2 * I, H, generator=g) / H ** 0.5 * 2
+    w2 = torch.randn(E + 1, H, I, generator=g) / I ** 0.5
+    routed = torch.stack([torch.randperm(E, generator=g)[:k_routed] for _ in range(T)])
+    ids = torch.cat([routed, torch.full((T, 1), E)], 1).int()
+    wts = torch.cat([torch.rand(T, k_routed, generator=g) + 0.1, torch.ones(T, 1)], 1)
+    return x, FAMILIES[fmt][2](w13, w2), ids, wts
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("fmt", list(FAMILIES))
+def test_launchers_bf16_slot_rows(fmt, monkeypatch):
+    """slot_dtype=bf16 with bf16 x, fresh random inputs. GEMM 2 computes the same fp32 accumulators whatever the
+    slot dtype, so: (1) the bf16 slot rows are the float32 rows rounded to nearest even, bitwise; (2) the output is
+    the sequential fp32 sum of the upcast bf16 rows, one rounding, bitwise; (3) elementwise against the float32-slot
+    output, with S = sum_i |s_i| over the float32 rows: a = fp32 sum of the rounded r_i, b = of the s_i,
+    |a - b| <= D = (u16 + (k-1) u32 (2 + u16)) S, and each output is one bf16 rounding of a / b, so
+    |out16 - out32| <= D + u16 (1 + 2 u16) (|out16| + |out32|); (4) against the float64 reference (triangle
+    inequality): rel(out16) <= rel(out32) + ||that bound|| / ||ref||, i.e. today's error plus the slot rounding."""
+    launch, reference, _ = FAMILIES[fmt]
+    x, tabs, ids, wts = _moe_case(fmt, seed=len(fmt))
+    T, H, k = x.shape[0], x.shape[1], ids.shape[1]
+    seen = _spy_slots(monkeypatch)
+    out32 = launch(x, tabs, ids, wts)
+    out16 = launch(x, tabs, ids, wts, slot_dtype=torch.bfloat16)
+    s32, s16 = seen
+    assert s32.dtype == torch.float32 and s16.dtype == torch.bfloat16 and s32.abs().min() > 0
+    assert torch.equal(s16, s32.to(torch.bfloat16))
+    assert out16.dtype == torch.bfloat16 and torch.equal(out16, _sequential(s16.float(), T, k, torch.bfloat16))
+    u16, s_abs = U[torch.bfloat16], s32.double().abs().view(T, k, H).sum(1)
+    d = (u16 + (k - 1) * U[torch.float32] * (2 + u16)) * s_abs
+    bound = d + u16 * (1 + 2 * u16) * (out16.double().abs() + out32.double().abs())
+    assert ((out16.double() - out32.double()).abs() <= bound).all()
+    ref = reference(x, tabs, ids, wts)
+    assert ref.abs().max() > 0
+    slack = (bound.norm() / ref.double().norm()).item()
+    assert slack < 2e-2 and _rel(out16, ref) <= _rel(out32, ref) + slack
+    assert not torch.equal(out16, out32)  # the option changes something at these sizes
+
+
+def test_slot_dtype_default_and_refusals(monkeypatch):
+    """None is SLOT_DTYPE (float32 today); flipping it to bf16 gives bf16 x bf16 slot rows (the same output as
+    slot_dtype=bf16) and float32 x float32 rows; a slot dtype other than float32 or x's 16-bit dtype is refused."""
+    assert moe16.SLOT_DTYPE == torch.float32 and slot_dtype_for(torch.bfloat16) == torch.float32
+    x, tabs, ids, wts = _moe_case("bf16", seed=11)
+    seen = _spy_slots(monkeypatch)
+    out16 = fused_moe_triton(x, *tabs, ids, wts, slot_dtype=torch.bfloat16)
+    monkeypatch.setattr(moe16, "SLOT_DTYPE", torch.bfloat16)
+    assert torch.equal(fused_moe_triton(x, *tabs, ids, wts), out16)
+    fused_moe_triton(x.float(), tabs[0].float(), tabs[1].float(), ids, wts)
+    assert [s.dtype for s in seen] == [torch.bfloat16, torch.bfloat16, torch.float32]
+    assert slot_dtype_for(torch.float16) == torch.float16 and slot_dtype_for(torch.float32) == torch.float32
+    for x_dtype, bad in ((torch.bfloat16, torch.float16), (torch.float32, torch.bfloat16), (torch.float16, torch.int8)):
+        with pytest.raises(ValueError, match="ladle offers None"):
+            slot_dtype_for(x_dtype, bad)
+    with pytest.raises(ValueError, match="slot_dtype torch.float16 with x torch.bfloat16"):
+        fused_moe_fp8_triton(x[:0], *quantize_fp8_rows(tabs[0].float()), *quantize_fp8_rows(tabs[1].float()),
+                             ids[:0], wts[:0], slot_dtype=torch.float16)
 
 
 @pytest.mark.gpu
