@@ -173,7 +173,7 @@ def fmt(row, base):
         ok = base and isinstance(row.get(key), float) and isinstance(base.get(key), float) and row[key] > 0
         return f"{base[key] / row[key]:.2f}x" if ok else "-"
 
-    return (f"{row['variant']:<20} {row.get('format', '-'):<6} {row['M']:>5} {row['tile']:<18} {row['options']:<30} "
+    return (f"{row['variant']:<24} {row.get('format', '-'):<6} {row['M']:>5} {row['tile']:<18} {row['options']:<41} "
             f"{num('us', '9.1f'):>9} "
             f"{num('TF/s', '6.0f'):>6} {num('us_g1', '9.1f'):>9} {num('TF/s_g1', '6.0f'):>6} {num('us_g2', '9.1f'):>9} "
             f"{num('TF/s_g2', '6.0f'):>6} {num('us_comb', '9.1f'):>9} {num('rel_err', '8.1e'):>8} {speed('us'):>6} "
@@ -247,7 +247,7 @@ def main(argv=None):
             save(args.out, shapes, rows)
     print(f"\nH {shapes.hid} I {shapes.i} E {shapes.e}+1 top-{shapes.k_routed}+shared; CUDA-graph us "
           f"per call; speed-up vs today (op, gemm1, gemm2); wall {time.time() - start:.0f} s")
-    print(f"{'variant':<20} {'format':<6} {'M':>5} {'tile BM,BN1,BN2':<18} {'options':<30} {'op us':>9} {'TF/s':>6} "
+    print(f"{'variant':<24} {'format':<6} {'M':>5} {'tile BM,BN1,BN2':<18} {'options':<41} {'op us':>9} {'TF/s':>6} "
           f"{'gemm1 us':>9} "
           f"{'TF/s':>6} {'gemm2 us':>9} {'TF/s':>6} {'comb us':>9} {'rel_err':>8} {'op':>6} {'g1':>6} {'g2':>6}")
     for row in rows:
