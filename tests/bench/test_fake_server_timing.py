@@ -3,7 +3,7 @@
 The server writes chunk j of a request at arrival + ttft + j * gap (50-150 ms scale). The client's numbers add the
 loopback round trip and event-loop scheduling on a shared 2-core machine, so times measured from the request start
 (TTFT, E2EL) must lie in [want - 3 ms, want + TOL_MS] (a client can only see a chunk late, never early) and gaps
-(ITL, TPOT) within +-TOL_MS, TOL_MS = 40 ms: errors of 1-8 ms are typical, 20-26 ms were seen with the machine at
+(a request's median ITL, TPOT) within +-TOL_MS, TOL_MS = 40 ms: errors of 1-8 ms are typical, 20-26 ms were seen with the machine at
 load 8 on 2 cores. Goodput SLOs sit 75 ms from every TTFT. Counts, token totals and the throughput/goodput formulas
 (relative to the measured duration) are compared exactly.
 """
@@ -61,8 +61,15 @@ def test_scripted_metrics(fake_server, tmp_path):
     for got, want in zip([ms(r["latencies"])[i] for i in (0, 1, 2, 4)], [300, 290, 250, 100]):
         assert near_late(got, want), (got, want)
     assert [len(x) for x in r["itls"]] == [4, 3, 0, 0, 1]
-    for got, want in zip(sum((ms(x) for x in r["itls"]), []), [50] * 4 + [80] * 3 + [50]):
-        assert got == pytest.approx(want, abs=TOL_MS)
+    # gaps: one late chunk stretches one gap and shortens the next (a CI run saw a single 98 ms gap for 50), so each
+    # request's median gap is checked, and the gaps must add up to the time from the first to the last chunk
+    for i, want in ((0, 50), (1, 80)):
+        gaps = sorted(ms(r["itls"][i]))
+        median = (gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2
+        assert median == pytest.approx(want, abs=TOL_MS), (i, gaps)
+    for i in (0, 1, 4):  # E2EL - TTFT - sum(ITL): the end of the stream after its last chunk, never before it
+        rest = ms(r["latencies"])[i] - ttft[i] - sum(ms(r["itls"][i]))
+        assert -1.0 <= rest <= TOL_MS, (i, rest)
     # aggregates: TTFT [100, 50, 250, 50]; TPOT [50, 240/7, 50/3]; E2EL [300, 290, 250, 100]
     assert near_late(r["mean_ttft_ms"], 112.5)
     assert near_late(r["median_ttft_ms"], 75.0)
