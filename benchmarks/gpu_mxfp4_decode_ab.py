@@ -46,9 +46,8 @@ from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4_ref, fused_moe_mxfp4_t
 from ladle.kernels.fused_moe_mxfp4_decode import DecodeTile, fused_moe_mxfp4_decode  # noqa: E402
 
 MX4_BPW, FP8_BPW = 0.5 + 1 / 32, 1 + 4 / 128
-# "decode" = the default tile (2 groups, one K = 32 dot per group since session 9); K16: two K = 16 dots per group
-DECODE_TILES = {"decode": DecodeTile(), "decode K16": DecodeTile(dot_k=16), "decode G4": DecodeTile(groups=4),
-                "decode G4 K16": DecodeTile(groups=4, dot_k=16), "decode G8": DecodeTile(groups=8),
+# "decode" = the default tile (2 groups; one K = 32 dot per group since session 9)
+DECODE_TILES = {"decode": DecodeTile(), "decode G4": DecodeTile(groups=4), "decode G8": DecodeTile(groups=8),
                 "decode BN128 w8": DecodeTile(block_n=128, num_warps=8)}
 
 

@@ -100,10 +100,9 @@ def main(argv=None):
         c = dict(BM=16, BK=128, FP8_ACT=False, F32_DOT=False, BF16=dq == "bf16")
         rows.append((f"wide gemm1 16x32 {dq}", wide._mxfp4_gemm1_kernel, dict(c, BN=32), 4, 3, 128 * 32 * 2, True))
         rows.append((f"wide gemm2 16x64 {dq}", wide._mxfp4_gemm2_kernel, dict(c, BN=64), 4, 3, 128 * 64, True))
-    for bn, g, w, dk in ((64, 2, 4, 16), (64, 4, 4, 16), (64, 8, 4, 16), (128, 4, 8, 16), (128, 2, 4, 16),
-                         (64, 2, 4, 32), (64, 4, 4, 32), (64, 8, 4, 32), (128, 4, 8, 32)):
-        c = dict(BT=16, BN=bn, G=g, ASM=True, F32_DOT=False, DOT_K=dk)
-        tag = f"BN{bn} G{g} w{w}" + (" K32" if dk == 32 else "")
+    for bn, g, w in ((64, 2, 4), (64, 4, 4), (64, 8, 4), (128, 4, 8), (128, 2, 4)):  # one K = 32 dot per group
+        c = dict(BT=16, BN=bn, G=g, ASM=True, F32_DOT=False)
+        tag = f"BN{bn} G{g} w{w}"
         rows.append((f"decode gemm1 {tag}", dec._decode_gemm1_kernel, c, w, 3, 32 * g * bn * 2, False))
         rows.append((f"decode gemm2 {tag}", dec._decode_gemm2_kernel, c, w, 3, 32 * g * bn, False))
     for name, fn, c, warps, stages, elems, words in rows:

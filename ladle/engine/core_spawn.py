@@ -66,10 +66,10 @@ class CoreProcess:
 
 def spawn_core(engine_config: Any, startup_timeout_s: float = 3600.0,
                core_target: Optional[Callable[..., Any]] = None) -> CoreProcess:
-    """Spawn the engine-core process and wait for its Ready. `core_target` replaces `run_engine_core` (same
-    arguments: engine_config, input address, output address, parent pid): benchmarks put a fake core there.
-    The core's arguments: engine_config, input address, output address, parent pid, and the parent's logging setup
-    (ladle/engine/core_process.logging_setup). Removes stale ipc dirs first (module docstring).
+    """Spawn the engine-core process and wait for its Ready. The core's arguments: engine_config, input address,
+    output address, parent pid and the parent's logging setup (ladle/engine/core_process.logging_setup);
+    `core_target` replaces `run_engine_core` with the same arguments (benchmarks put a fake core there). Removes
+    stale ipc dirs first (module docstring).
     Raises EngineError when the build fails or the process exits first (nothing left running)."""
     remove_stale_ipc_dirs()
     ipc_dir = tempfile.mkdtemp(prefix=IPC_DIR_PREFIX)

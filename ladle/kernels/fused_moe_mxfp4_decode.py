@@ -19,8 +19,9 @@ elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs is ~3.5 
       uitofp, integer exponent add) and any inline asm in it is pure and unary.
   this kernel: bytes [BN, 16] (one 32-group of BN rows) -> pure unary inline PTX (pack 2: two bytes in, two bf16
       out, nibble J of each) -> wgmma A in registers (TTGIR: no local_alloc of a dequantised tile; the packed
-      bytes are the only A-side local_load), two K = 16 dots per group (even / odd elements), the fp32 partial
-      x 2^(s - 127) added to the accumulator. BN 64, BT 16, 4 warps, 3 stages, no spills:
+      bytes are the only A-side local_load), at first two K = 16 dots per group (even / odd elements; one dot
+      since session 9, "Waits" below), the fp32 partial x 2^(s - 127) added to the accumulator. BN 64, BT 16,
+      4 warps, 3 stages, no spills (two dots):
           groups per iteration G     2     4 (default)  8
           GEMM 2 per element       6.3     5.8          5.4   (58 / 60 / 68 registers; 10 / 20 / 40 KB smem)
           GEMM 1 per element       5.6     5.1          4.9   (66 / 75 / 83 registers)
@@ -32,8 +33,8 @@ elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs is ~3.5 
       descriptors, scale loads.
   Waits: every warp_group_dot gets a warp_group_dot_wait {pendings = 0} right after it (SASS: WARPGROUP.DEPBAR
       after each HGMMA, GEMM 2 G 2: 4 per iteration): Triton's WGMMA pipeliner keeps a dot async only when its
-      result feeds the loop's yield alone; here the pair's second dot and the scale FFMA read it. dot_k 32
-      (DecodeTile) joins the two nibble tiles (join + permute + reshape, no data movement, hoist kept) into one K =
+      result feeds the loop's yield alone; here the pair's second dot and the scale FFMA read it. The kernel
+      now joins the two nibble tiles (join + permute + reshape, no data movement, hoist kept) into one K =
       32 dot whose two HGMMAs issue back to back: one wait per group. Per element, G 2 / 4 / 8: GEMM 2 5.84 / 5.33 /
       4.93, GEMM 1 5.36 / 4.80 / 4.63 (56 / 47 / 57 and 66 / 73 / 88 registers, same smem, no spills). Deferring
       the last group's FFMA to the next iteration (its dot then async) halves the waits again in the TTGIR, but
@@ -44,9 +45,9 @@ elements per iteration; the memory-time budget at 4.2 TB/s over 132 SMs is ~3.5 
       (halfword = the same byte of two groups) that every reader of the tables would have to follow; not done.
       Whether 5.8 is enough is for the H200 to say (the wide kernel's 7.1 ran at 20%, so the count is not the
       whole story): benchmarks/gpu_mxfp4_decode_ab.py.
-Activations: the B tile of group g is x[t, 32 g + 2 c + J] (c < 16); the launcher passes x de-interleaved per
-32-group ([even 16 | odd 16]; one small copy of x [T, H]) and GEMM 1 stores the intermediate in the same order, so
-both B tiles are contiguous rows that the pipeliner streams with cp.async.
+Activations: row 16 J + c of group g's B tile is x[t, 32 g + 2 c + J] (c < 16); the launcher passes x
+de-interleaved per 32-group ([even 16 | odd 16]; one small copy of x [T, H]) and GEMM 1 stores the intermediate in
+the same order, so the B tile is 32 contiguous rows that the pipeliner streams with cp.async.
 Exactness: each dequantised element is E2M1 exactly (bits x 2^-126 x 2^126 in bf16, subnormals kept: the H200 run
 of the bf16 dequant matched f32, round4/mxfp4_ab.log); products and sums in the fp32 accumulator; the power-of-two
 scale exact unless the partial over- or underflows float32. Against `fused_moe_mxfp4_ref`: summation order only.
@@ -82,27 +83,21 @@ _TWO_POW_126: tl.constexpr = tl.constexpr(8.507059173023462e37)
 @dataclass(frozen=True)
 class DecodeTile:
     """block_t tokens (the wgmma N; the moe_align block), block_n weight rows (the wgmma M), groups 32-groups of K
-    per loop iteration (clipped to divide the problem's group count), dot_k the K of each group's dot: 16 = two
-    dots (even / odd nibbles), 32 = one dot on the two nibble tiles joined into [block_n, 32] (one wgmma wait per
-    group instead of two; module doc)."""
+    per loop iteration (clipped to divide the problem's group count). Each group is one K = 32 dot (module doc,
+    "Waits")."""
 
     block_t: int = 16
     block_n: int = 64
     groups: int = 2
     num_warps: int = 4
     num_stages: int = 3
-    dot_k: int = 32
-
-    def __post_init__(self):
-        if self.dot_k not in (16, 32):
-            raise ValueError(f"DecodeTile.dot_k {self.dot_k}: 16 (two dots per 32-group) or 32 (one) are offered")
 
 
 # H200, 2026-12-02 (benchmarks/gpu_mxfp4_decode_ab.py, results/round7/final/mxfp4_decode_ab.log; TP4-rank shapes,
 # near-uniform routing): 2 groups per iteration 98 / 548 / 837 us at M = 1 / 32 / 128 (1.11x / 1.23x / 1.33x the
 # wide kernel, 9-27% of copy bandwidth over the MXFP4 bytes), 4 groups 1.03x / 1.20x / 1.24x, 8 groups and 128 rows
 # x 8 warps 0.6-1.0x; same relative error as the wide kernel (2.5e-3 vs float64). Session 9 (same script,
-# results/round9/call2/mxfp4_decode_ab.log): one K = 32 dot per group (dot_k 32, the default since) 92 / 501 / 748
+# results/round9/call2/mxfp4_decode_ab.log): one K = 32 dot per group (the only form since) 92 / 501 / 748
 # us against 98 / 553 / 845 with two K = 16 dots (1.06x / 1.10x / 1.13x; G 4 and G 8 with K 32 slower than G 2),
 # same rel_err. Still far from the FP8 kernel (317 / 518 us at M = 32 / 128 on twice the bytes): the goal of >= 60%
 # of copy bandwidth is not reached (28-30%).
@@ -144,26 +139,19 @@ def _e2m1_nibble(b, J: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _group_dot(acc, w_ptrs, s_ptrs, n_ok, xe, xo, ASM: tl.constexpr, F32_DOT: tl.constexpr, DOT_K: tl.constexpr):
-    """acc [BN, BT] fp32 + one 32-group: bytes w_ptrs [BN, 16], E8M0 bytes s_ptrs [BN], activations xe / xo
-    [16, BT] (even / odd elements of the group; DOT_K 32: xe the group's [32, BT] rows, even 16 then odd 16, and
-    xo None). The partial is scaled by 2^(s - 127) (exact; byte 0 the subnormal 2^-127, 255 inf as
-    dequant_mxfp4)."""
+def _group_dot(acc, w_ptrs, s_ptrs, n_ok, x, ASM: tl.constexpr, F32_DOT: tl.constexpr):
+    """acc [BN, BT] fp32 + one 32-group: bytes w_ptrs [BN, 16], E8M0 bytes s_ptrs [BN], activations x [32, BT] (the
+    group's de-interleaved rows: even elements, then odd). The two nibble tiles are joined into one [BN, 32] tile
+    (column 16 j + c: nibble j of byte c, element 2 c + j, as x's rows) for one K = 32 dot. The partial is scaled by
+    2^(s - 127) (exact; byte 0 the subnormal 2^-127, 255 inf as dequant_mxfp4)."""
     b = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
     s = tl.load(s_ptrs, mask=n_ok, other=127).to(tl.int32)
-    if DOT_K == 32:  # column 16 j + c of the joined tile: nibble j of byte c (element 2 c + j), as xe's rows
-        lo = _e2m1_nibble(b, 0, ASM)
-        v = tl.reshape(tl.permute(tl.join(lo, _e2m1_nibble(b, 1, ASM)), (0, 2, 1)), (lo.shape[0], 32))
-        if F32_DOT:
-            part = tl.dot(v.to(tl.float32), xe.to(tl.float32), input_precision="ieee")
-        else:
-            part = tl.dot(v, xe)
-    elif F32_DOT:  # the interpreter or float32 activations
-        part = tl.dot(_e2m1_nibble(b, 0, ASM).to(tl.float32), xe.to(tl.float32), input_precision="ieee")
-        part = tl.dot(_e2m1_nibble(b, 1, ASM).to(tl.float32), xo.to(tl.float32), part, input_precision="ieee")
+    lo = _e2m1_nibble(b, 0, ASM)
+    v = tl.reshape(tl.permute(tl.join(lo, _e2m1_nibble(b, 1, ASM)), (0, 2, 1)), (lo.shape[0], 32))
+    if F32_DOT:  # the interpreter or float32 activations
+        part = tl.dot(v.to(tl.float32), x.to(tl.float32), input_precision="ieee")
     else:
-        part = tl.dot(_e2m1_nibble(b, 0, ASM), xe)
-        part = tl.dot(_e2m1_nibble(b, 1, ASM), xo, part)
+        part = tl.dot(v, x)
     scale = tl.maximum(s << 23, 0x400000).to(tl.float32, bitcast=True)  # byte 0: 2^-127 (bits 0x400000)
     return acc + part * scale[:, None]
 
@@ -173,7 +161,6 @@ def _decode_gemm1_kernel(
     x_ptr, w_ptr, ws_ptr, inter_ptr, sorted_ptr, expert_ptr, npp_ptr,
     numel, topk_cols, N_HALF, K_BYTES, stride_xm, stride_we, stride_wse, alpha, limit,
     BT: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr, F32_DOT: tl.constexpr,
-    DOT_K: tl.constexpr,
 ):
     """inter[p, perm(n)] = swigluoai(gate, up) of sorted row p (module doc: intermediate de-interleaved per group)."""
     pid_t, offs_n, n_ok = moe_tile_cols(N_HALF, BN)
@@ -187,17 +174,14 @@ def _decode_gemm1_kernel(
     u_ptrs = g_ptrs + N_HALF * K_BYTES
     sg_ptrs = ws_ptr + e * stride_wse + rows_g * (K_BYTES // 16)
     su_ptrs = sg_ptrs + N_HALF * (K_BYTES // 16)
-    x_ptrs = x_ptr + tok[None, :] * stride_xm + tl.arange(0, DOT_K)[:, None]  # [DOT_K, BT] (de-interleaved x)
+    x_ptrs = x_ptr + tok[None, :] * stride_xm + tl.arange(0, 32)[:, None]  # [32, BT] (de-interleaved x)
     acc_g = tl.zeros([BN, BT], tl.float32)
     acc_u = tl.zeros([BN, BT], tl.float32)
     for kb in range(0, K_BYTES // (16 * G)):
         for g in tl.static_range(G):
-            xe = tl.load(x_ptrs + 32 * g, mask=t_ok[None, :], other=0.0)
-            xo = None
-            if DOT_K == 16:
-                xo = tl.load(x_ptrs + (32 * g + 16), mask=t_ok[None, :], other=0.0)
-            acc_g = _group_dot(acc_g, g_ptrs + 16 * g, sg_ptrs + g, n_ok, xe, xo, ASM, F32_DOT, DOT_K)
-            acc_u = _group_dot(acc_u, u_ptrs + 16 * g, su_ptrs + g, n_ok, xe, xo, ASM, F32_DOT, DOT_K)
+            xg = tl.load(x_ptrs + 32 * g, mask=t_ok[None, :], other=0.0)
+            acc_g = _group_dot(acc_g, g_ptrs + 16 * g, sg_ptrs + g, n_ok, xg, ASM, F32_DOT)
+            acc_u = _group_dot(acc_u, u_ptrs + 16 * g, su_ptrs + g, n_ok, xg, ASM, F32_DOT)
         g_ptrs += 16 * G
         u_ptrs += 16 * G
         sg_ptrs += G
@@ -212,7 +196,6 @@ def _decode_gemm2_kernel(
     a_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K_BYTES, stride_we, stride_wse,
     BT: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr, F32_DOT: tl.constexpr,
-    DOT_K: tl.constexpr,
 ):
     """out_slots[slot, n] = topk weight x (intermediate row @ w2[e] row n), intermediate de-interleaved."""
     pid_t, offs_n, n_ok = moe_tile_cols(N, BN)
@@ -223,15 +206,11 @@ def _decode_gemm2_kernel(
     rows = offs_n.to(tl.int64)
     w_ptrs = w_ptr + e * stride_we + rows[:, None] * K_BYTES + offs_c[None, :]
     s_ptrs = ws_ptr + e * stride_wse + rows * (K_BYTES // 16)
-    a_ptrs = a_ptr + offs_t[None, :].to(tl.int64) * (2 * K_BYTES) + tl.arange(0, DOT_K)[:, None]  # all P rows
+    a_ptrs = a_ptr + offs_t[None, :].to(tl.int64) * (2 * K_BYTES) + tl.arange(0, 32)[:, None]  # all P rows
     acc = tl.zeros([BN, BT], tl.float32)
     for kb in range(0, K_BYTES // (16 * G)):
         for g in tl.static_range(G):
-            xe = tl.load(a_ptrs + 32 * g)
-            xo = None
-            if DOT_K == 16:
-                xo = tl.load(a_ptrs + (32 * g + 16))
-            acc = _group_dot(acc, w_ptrs + 16 * g, s_ptrs + g, n_ok, xe, xo, ASM, F32_DOT, DOT_K)
+            acc = _group_dot(acc, w_ptrs + 16 * g, s_ptrs + g, n_ok, tl.load(a_ptrs + 32 * g), ASM, F32_DOT)
         w_ptrs += 16 * G
         s_ptrs += G
         a_ptrs += 32 * G
@@ -281,7 +260,7 @@ def fused_moe_mxfp4_decode(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.
     _, _, (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, cfg, MX_GROUP, "mxfp4")
     P = sorted_ids.numel()
     f32 = interpreting() or x.dtype == torch.float32
-    launch = dict(BT=tile.block_t, BN=tile.block_n, ASM=not interpreting(), F32_DOT=f32, DOT_K=tile.dot_k,
+    launch = dict(BT=tile.block_t, BN=tile.block_n, ASM=not interpreting(), F32_DOT=f32,
                   num_warps=tile.num_warps, num_stages=tile.num_stages)
     x_de = deinterleave_groups(x)
     inter = torch.empty((P, I), dtype=x.dtype, device=x.device)

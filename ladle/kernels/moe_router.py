@@ -21,8 +21,9 @@ The kernel's products (PRECISIONS; `precision=` of `moe_router_triton` / `moe_ro
   "tf32x2w" a bf16/fp16 x is exact in TF32, so only W is split, in the kernel (`_tf32_split`): w_hi = W with its 13
             low mantissa bits cleared (a TF32 value), w_lo = W - w_hi (exact in fp32), two "tf32" dots x w_hi^T and
             x w_lo^T into two fp32 accumulators (one accumulator chained through both dots made Triton 3.6 alternate
-            two wgmma layouts and convert it through shared memory every K step), added at the end. A float32 x
-            runs "tf32x3" (its low part is not zero);
+            two wgmma layouts and convert it through shared memory every K step), both added to the logits in fp32
+            after every TF32X2W_PROMOTE_K of K (the tensor core's TF32 accumulation is coarse over long chains).
+            A float32 x runs "tf32x3" (its low part is not zero);
   "ieee"    fp32 FMA dot (exact-rounded fp32 products, as cuBLAS SGEMM): meant for small T, split K.
 The switches are module constants (ROUTER_KERNEL_MIN_TOKENS, ROUTER_LARGE_T_PRECISION, ROUTER_SMALL_T_PRECISION),
 set by the H200 A/B benchmarks/gpu_moe_router_ab.py ("kernel tf32x2w" at every T, "kernel ieee" at T <= 128).
@@ -57,13 +58,13 @@ w_lo (|w_lo| < 2^-10 |W|, at most 13 significant bits) loses at most its 2 lowes
 as TF32 (11 significant bits), i.e. < 2^-21 |W| truncated, <= 2^-22 |W| rounded; "ieee": <= 2^-24, as the torch
 path), then fp32 accumulation adds the summation error any fp32 GEMM has (the tensor core's TF32 accumulation is
 coarser than fp32 adds: "tf32x2w" adds its chains of TF32X2W_PROMOTE_K in fp32; the order differs between kernels;
-cuBLAS differs from itself across split-K choices): on either path |logit - exact| <~ 1e-6 * sum_k |x_k W_ek| (tests bound
-it by 1e-5 x that; the A/B prints the measured error). The logits are reproducible bit for bit for a given T and
-precision on a given device; across T (path, precision, split and tile differ) a logit may differ in its last bits.
-Routing is discrete: an exact tie of sig + bias on the computed fp32 logits picks the lower expert id (as
-`moe_router_ref`'s stable sort does); a near-tie whose margin is within the logit error above may pick either
-expert, and may differ from the torch fp32 GEMM of the reference, which is not order-exact either. Weights are then
-within ~1e-6 relative of the reference's for the same ids.
+cuBLAS differs from itself across split-K choices): on either path |logit - exact| <~ 1e-6 * sum_k |x_k W_ek|
+(tests bound it by 1e-5 x that; the A/B prints the measured error). The logits are reproducible bit for bit for a given
+T and precision on a given device; across T (path, precision, split and tile differ) a logit may differ in its last
+bits. Routing is discrete: an exact tie of sig + bias on the computed fp32 logits picks the lower expert id (as
+`moe_router_ref`'s stable sort does); a near-tie whose margin is within the logit error above may pick either expert,
+and may differ from the torch fp32 GEMM of the reference, which is not order-exact either. Weights are then within ~1e-6
+relative of the reference's for the same ids.
 
 The torch reference `moe_router_ref` (x.float() @ W^T in IEEE fp32, TF32 off, stable sort) is the spec.
 """

@@ -14,9 +14,8 @@ through the model's forward, logits and the sampler (greedy and random draws):
     that context, fresh prefill chunks. Four with a context of max_model_len (served decode rows have long contexts:
     the block-table width, and the indexer's NB_P2 from it, is the longest row's) pairing T and T - 5 (or T - 3)
     tokens with 16 and 9 requests, all four ways (the MSA kernels take both counts as integers, each specialised on
-    divisibility by 16), and 3T/5
-    tokens with 7 requests over a short context (moe_align's chunk width is the power of two of T x (top-k + 1),
-    which changes inside a token bucket);
+    divisibility by 16), and 3T/5 tokens with 7 requests over a short context (moe_align's chunk width is the power of
+    two of T x (top-k + 1), which changes inside a token bucket);
   - two single-request prefills of min(T, max_model_len) and 3 tokens fewer (one request: the `== 1` specialisation).
 What stays uncovered compiles at its first step as before: e.g. a step whose longest row is shorter than the
 warm-up's (a smaller NB_P2). Two kernel-side rules keep the variant count small: the request-lookup width has one
@@ -26,10 +25,11 @@ The steps use the real KV pool's blocks (ids from 1: the pool is empty at startu
 so the pool is as allocated (all zeros) when serving starts; the runner's request state, block table and sampler
 are not touched (the draws use a sampler of their own). The token ids are a fixed pseudo-random sequence so the
 router spreads tokens over experts as real text does. Launches are counted in the dispatch record, as the CUDA-graph
-capture's are. Cost on the FP8 60-layer proxy with a fresh Triton cache (round 8, call 3, then five steps per bucket
-without the two one-sided (T, B) pairs): 69.5 s, nearly all of it compiling what the first requests would compile
-otherwise; 4 kernels still compiled while serving, which the two pairs added after that call are meant to cover (not
-yet measured). Triton's cache on disk makes a restart cheap.
+capture's are. Cost on the FP8 60-layer proxy with a fresh Triton cache: 87.2 s (benchmarks/results/round9, call
+1), nearly all of it compiling what the first requests would compile otherwise, and no kernel compiled while the
+c = 32 and c = 128 lines were served (197 cubins after startup and after both; round 8's warm-up without the two
+one-sided (T, B) pairs: 69.5 s, and 4 kernels still compiled while serving). Triton's cache on disk makes a restart
+cheap.
 """
 
 from __future__ import annotations

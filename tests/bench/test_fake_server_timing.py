@@ -2,10 +2,10 @@
 
 The server writes chunk j of a request at arrival + ttft + j * gap (50-150 ms scale). The client's numbers add the
 loopback round trip and event-loop scheduling on a shared 2-core machine, so times measured from the request start
-(TTFT, E2EL) must lie in [want - 3 ms, want + TOL_MS] (a client can only see a chunk late, never early) and gaps
-(a request's median ITL, TPOT) within +-TOL_MS, TOL_MS = 40 ms: errors of 1-8 ms are typical, 20-26 ms were seen with the machine at
-load 8 on 2 cores. Goodput SLOs sit 75 ms from every TTFT. Counts, token totals and the throughput/goodput formulas
-(relative to the measured duration) are compared exactly.
+(TTFT, E2EL) must lie in [want - 3 ms, want + TOL_MS] (a client can only see a chunk late, never early) and
+gaps (a request's median ITL, TPOT) within +-TOL_MS, TOL_MS = 40 ms: errors of 1-8 ms are typical, 20-26 ms were seen
+with the machine at load 8 on 2 cores, and one single gap of 98 ms for 50 in a CI run. Goodput SLOs sit 75 ms from every
+TTFT. Counts, token totals and the throughput/goodput formulas (relative to the measured duration) are compared exactly.
 """
 
 from __future__ import annotations
