@@ -5,7 +5,7 @@ scale per 128-row block) at a few tiles. A script, not a test:
     PYTHONPATH=. python3 benchmarks/gpu_fp8_moe_prefill_ab.py --out fp8_moe_prefill_ab.json   # H200, ~60-100 s
     python3 benchmarks/gpu_fp8_moe_prefill_ab.py --smoke     # CPU: Triton interpreter, tiny shapes, errors only
     (--mxfp8: also the MXFP8 tables at M = 8192: round-3, gu, gu regs168; about 6 more kernels to compile)
-    (--only "gu block w8,gu block w8 bf16 slots,gu block,gu block bf16 slots": just those variants, at every M:
+    (--only "gu block w8,gu block w8 f32 slots,gu block,gu block bf16 slots": just those variants, at every M:
      the slot-dtype A/B in a few kernels)
 
 Shapes: one TP4 rank of MiniMax-M3 (H 6144, I 768, 128 routed experts + the shared row 128, top-4 + shared = 5 slots
@@ -16,9 +16,10 @@ Method (benchmarks/gpu_bench_common.py): per variant one call checked against `f
 same inputs (relative error of the [M, H] output, printed per row), then CUDA-graph replay medians of the whole op
 (`fused_moe_fp8_triton`: act quant, GEMM 1, act quant, GEMM 2, combine) and of GEMM 1, GEMM 2 and the combine alone
 (`fp8_moe_gemm1` / `fp8_moe_gemm2` on the op's own plan and quantized inputs, `moe_combine_triton` on GEMM 2's slot
-rows; "comb us"). Slot rows: "bf16 slots" variants store GEMM 2's per-slot rows in bf16 (slot_dtype, the
-SLOT_DTYPE A/B of ladle/kernels/fused_moe.py: half the 8192 x 5 x 6144 x 4 B = 1.0 GB written by GEMM 2 and read by
-the combine at M = 8192), on the served tile and options ("gu block w8": MOE_TILES / FP8_MOE_OPTIONS "fp8_block")
+rows; "comb us"). Slot rows: "bf16 slots" rows (since round 10 also the default from 257 tokens; "f32 slots" rows
+force round 9's float32) store GEMM 2's per-slot rows in bf16 (the SLOT_DTYPE A/B of ladle/kernels/fused_moe.py:
+half the 8192 x 5 x 6144 x 4 B = 1.0 GB written by GEMM 2 and read by the combine at M = 8192), on the served tile
+and options ("gu block w8": MOE_TILES / FP8_MOE_OPTIONS "fp8_block")
 and on the decode tile; after the table the script prints each bf16-slot row against its float32-slot twin (same
 M, tile and options): op, GEMM 2 and combine speed-ups and both rel_errs. TFLOP/s over the routed rows
 (M x 5 slots): GEMM 1 2*M*5*2I*H, GEMM 2 2*M*5*I*H, the op their sum. Speed-up: against "round-3" (the loop and
@@ -56,7 +57,7 @@ from benchmarks.gpu_bench_common import rel_err  # noqa: E402
 from benchmarks.gpu_quant_suite import Shapes, moe_inputs, per_expert  # noqa: E402
 from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows, quantize_mxfp8  # noqa: E402
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, moe_combine_triton,  # noqa: E402
-                                     select_config)
+                                     select_config, slot_dtype_for)
 from ladle.kernels.fused_moe_fp8 import (Fp8MoEOptions, fp8_moe_gemm1, fp8_moe_gemm2, fp8_moe_plan,  # noqa: E402
                                          fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
 
@@ -71,8 +72,8 @@ R3_PREFILL = MoETileConfig(64, 64, 128, 64, 4, 4)  # its prefill tile
 PREFILL = (
     ("round-3", R3_PREFILL, ROUND3),
     ("table", None, None),
-    ("gu block w8", W8, GU_BLOCK),  # the served prefill tile and options (block-uniform scales)
-    ("gu block w8 bf16 slots", W8, GU_BLOCK, torch.bfloat16),  # session 9: GEMM 2's slot rows in bf16
+    ("gu block w8", W8, GU_BLOCK),  # the served prefill tile and options (block-uniform scales; bf16 slots, round 10)
+    ("gu block w8 f32 slots", W8, GU_BLOCK, torch.float32),  # round 9's slot rows (float32), the twin of the above
     # session 9: wider tiles (GEMM 2 has only K/128 = 6 steps at one TP4 rank; GEMM 1 a 256-wide gate+up dot)
     ("gu block w8 bn1 128", MoETileConfig(64, 128, 128, 64, 8, 3), GU_BLOCK),
     ("gu w8 bn2 256", MoETileConfig(64, 64, 256, 64, 8, 3), Fp8MoEOptions(gu_dot=True)),
@@ -95,7 +96,7 @@ DECODE = (  # the decode tile (BN1 32, BN2 64) with each option
     ("round-3", None, ROUND3),
     ("gu", None, Fp8MoEOptions(gu_dot=True)),
     ("gu block", None, GU_BLOCK),
-    ("gu block bf16 slots", None, GU_BLOCK, torch.bfloat16),
+    ("gu block bf16 slots", None, GU_BLOCK, torch.bfloat16),  # decode sizes keep float32 rows by default
 )
 
 
@@ -130,7 +131,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
     row = {"variant": name, "M": m, "format": family,
            "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},s{tile.num_stages}",
            "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
-                      f"block={int(options.block_scales)}" + (" slots=bf16" if slot == torch.bfloat16 else "")}
+                      f"block={int(options.block_scales)}" + _slots_label(slot, xs[0].dtype, m)}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt, slot_dtype=slot)
@@ -184,6 +185,11 @@ def today(rows, row):
     """The "round-3" row of row's M and weight format (the speed-up base), or None."""
     return next((r for r in rows if (r["M"], r.get("format"), r["variant"]) == (row["M"], row.get("format"), "round-3")),
                 None)
+
+
+def _slots_label(slot, x_dtype, m):
+    """" slots=bf16" when GEMM 2's slot rows are bf16 at this M (given, or the default `slot_dtype_for` picks)."""
+    return " slots=bf16" if slot_dtype_for(x_dtype, m, slot) == torch.bfloat16 else ""
 
 
 def slot_pairs(rows):

@@ -14,9 +14,9 @@ Kernels (kernels_and_limits.md §1.1, vLLM fused_moe structure, written from tha
                    gate and up weight slabs into two fp32 accumulators and stores swigluoai(g, u) to
                    intermediate [max_padded, I] (x dtype);
   `_gemm2_kernel`  same tiling over (max_padded/BM) x cdiv(H, BN): intermediate @ w2[e]^T, x routed weight,
-                   stored to per-slot rows out_slots[T*k, H] in the slot dtype (`store_slot_rows`: float32 by
-                   default, SLOT_DTYPE; or x's 16-bit dtype, rounded to nearest even: half the bytes written and
-                   read back, vLLM's practice);
+                   stored to per-slot rows out_slots[T*k, H] in the slot dtype (`store_slot_rows`; `slot_dtype_for`:
+                   float32 at decode sizes, x's 16-bit dtype from SLOT_HALF_FROM_TOKENS tokens, rounded to
+                   nearest even: half the bytes written and read back, vLLM's practice);
   `_moe_combine_kernel`  out[t] = sum over the k slot rows t*k .. t*k+k-1 of out_slots, fp32 in slot order,
                    cast to x.dtype in the same pass (op "moe_combine", `moe_combine`; shared by the FP8 and MXFP4
                    launchers). No atomics: gemm2's tiles run in expert order, so a token's k slots land in different
@@ -273,7 +273,7 @@ def fused_moe_triton(
     assert x.dtype == w13.dtype == w2.dtype
     assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
     k = check_routing(topk_ids, topk_weights, T)
-    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
+    slots_dt = slot_dtype_for(x.dtype, T, slot_dtype)
     if T == 0:
         return torch.empty_like(x)
     cfg, (bn1, bn2, bk1, bk2), (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, config)
@@ -296,26 +296,35 @@ def fused_moe_triton(
     return moe_combine(out_slots, T, k, x.dtype, use_triton=True)
 
 
-# dtype of GEMM 2's per-slot rows out_slots [T*k, H] when a fused MoE launcher's slot_dtype is None (one default for
-# the bf16, FP8 and MXFP4 launchers; `slot_dtype_for`). float32: each slot's fp32 accumulator stored as is (today).
-# torch.bfloat16 / torch.float16 (an A/B flips it here): 16-bit x gets rows in x.dtype, each slot rounded once
-# (vLLM stores its slot rows in the activation dtype and sums them in `moe_sum`); float32 x keeps float32 rows.
-SLOT_DTYPE: torch.dtype = torch.float32
+# dtype of GEMM 2's per-slot rows out_slots [T*k, H] when a fused MoE launcher's slot_dtype is None (one rule for
+# the bf16, FP8 and MXFP4 launchers; `slot_dtype_for`): float32 rows (each slot's fp32 accumulator stored as is) below
+# SLOT_HALF_FROM_TOKENS tokens, SLOT_DTYPE from there, where a 16-bit SLOT_DTYPE stands for x's own 16-bit dtype
+# (each slot rounded once to nearest even; vLLM stores its slot rows in the activation dtype and sums them in
+# `moe_sum`); float32 x keeps float32 rows. H200, round 10 call 1 (benchmarks/gpu_fp8_moe_prefill_ab.py, served FP8
+# tile, TP4-rank shapes; benchmarks/results/round10/call1/slots_ab.log): bf16 rows make the op 1.08x faster at
+# M = 8192 (combine 269 -> 153 us, GEMM 2 1.03x) and 1.05x at 2048, but only 1.01x at M = 32, where the relative
+# error against float64 grows from 5.2e-5 to 2.7e-3 (at 8192: 4.5e-3 -> 4.8e-3, the activation quantization
+# dominates). So decode sizes (the tile tables' decode buckets, <= 256 tokens) keep float32 rows.
+SLOT_DTYPE: torch.dtype = torch.bfloat16
+SLOT_HALF_FROM_TOKENS = 257
 _HALF_DTYPES = (torch.bfloat16, torch.float16)
 SLOT_DTYPES = (torch.float32,) + _HALF_DTYPES  # what `moe_combine` reads
 
 
-def slot_dtype_for(x_dtype: torch.dtype, slot_dtype: Optional[torch.dtype] = None) -> torch.dtype:
-    """dtype of out_slots for activations of x_dtype. slot_dtype None: SLOT_DTYPE, where a 16-bit value stands for
-    x's own 16-bit dtype (float32 rows for other x). Given: torch.float32, or x_dtype when that is bf16 / fp16;
-    anything else raises ValueError naming those."""
+def slot_dtype_for(x_dtype: torch.dtype, num_tokens: int, slot_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """dtype of out_slots for num_tokens tokens of activations of x_dtype. slot_dtype None: float32 below
+    SLOT_HALF_FROM_TOKENS tokens, else SLOT_DTYPE, where a 16-bit value stands for x's own 16-bit dtype (float32 rows
+    for other x). Given: torch.float32, or x_dtype when that is bf16 / fp16; anything else raises ValueError naming
+    those."""
     half_x = x_dtype in _HALF_DTYPES
     if slot_dtype is None:
-        return x_dtype if half_x and SLOT_DTYPE in _HALF_DTYPES else torch.float32
+        half = half_x and SLOT_DTYPE in _HALF_DTYPES and num_tokens >= SLOT_HALF_FROM_TOKENS
+        return x_dtype if half else torch.float32
     if slot_dtype == torch.float32 or (half_x and slot_dtype == x_dtype):
         return slot_dtype
     offers = "torch.float32" + (f" or {x_dtype} (x's dtype)" if half_x else " (x is not bf16 / fp16)")
-    raise ValueError(f"slot_dtype {slot_dtype} with x {x_dtype}: ladle offers None (SLOT_DTYPE), {offers}")
+    raise ValueError(f"slot_dtype {slot_dtype} with x {x_dtype}: ladle offers None (float32 below "
+                     f"{SLOT_HALF_FROM_TOKENS} tokens, else SLOT_DTYPE), {offers}")
 
 
 @triton.jit

@@ -273,7 +273,7 @@ def fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config
     slot_dtype: as `fused_moe_fp8_triton`. T must be > 0."""
     T, H, E, I = _check(x, w13, w13_scale, w2, w2_scale)
     k = check_routing(topk_ids, topk_weights, T)
-    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
+    slots_dt = slot_dtype_for(x.dtype, T, slot_dtype)
     g, e8m0 = weight_group(w13_scale), w13_scale.dtype == torch.uint8
     family = "mxfp8" if e8m0 else ("fp8_block" if block_uniform and I % 128 == 0 else "fp8")
     cfg, (bn1, bn2, _, _), align = moe_launch_plan(topk_ids, E, H, I, config, g, family)
@@ -330,7 +330,7 @@ def fused_moe_fp8_triton(
     if x.shape[0] == 0:
         _check(x, w13, w13_scale, w2, w2_scale)
         check_routing(topk_ids, topk_weights, 0)
-        slot_dtype_for(x.dtype, slot_dtype)
+        slot_dtype_for(x.dtype, 0, slot_dtype)
         return torch.empty_like(x)
     plan = fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config, options, block_uniform,
                         slot_dtype)

@@ -246,7 +246,7 @@ def fused_moe_mxfp4_triton(
     assert w13_scale.shape == (E, two_i, H // MX_GROUP) and w2_scale.shape == (E, H, I // MX_GROUP)
     assert all(t.is_contiguous() for t in (w13, w2, w13_scale, w2_scale)) and x.stride(1) == 1
     k = check_routing(topk_ids, topk_weights, T)
-    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
+    slots_dt = slot_dtype_for(x.dtype, T, slot_dtype)
     if T == 0:
         return torch.empty_like(x)
     if _use_decode(x, fp8_activations, path, config is None and block_k is None and dequant == "f32"):

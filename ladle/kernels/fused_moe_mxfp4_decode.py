@@ -254,7 +254,7 @@ def fused_moe_mxfp4_decode(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.
     T, H = x.shape
     E, two_i, _ = w13.shape
     I = two_i // 2
-    slots_dt = slot_dtype_for(x.dtype, slot_dtype)
+    slots_dt = slot_dtype_for(x.dtype, T, slot_dtype)
     cfg = MoETileConfig(tile.block_t, tile.block_n, tile.block_n, MX_GROUP * tile.groups, tile.num_warps,
                         tile.num_stages)
     _, _, (sorted_ids, expert_ids, npp) = moe_launch_plan(topk_ids, E, H, I, cfg, MX_GROUP, "mxfp4")

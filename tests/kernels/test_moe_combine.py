@@ -245,20 +245,26 @@ def test_launchers_bf16_slot_rows(fmt, monkeypatch):
 
 
 def test_slot_dtype_default_and_refusals(monkeypatch):
-    """None is SLOT_DTYPE (float32 today); flipping it to bf16 gives bf16 x bf16 slot rows (the same output as
-    slot_dtype=bf16) and float32 x float32 rows; a slot dtype other than float32 or x's 16-bit dtype is refused."""
-    assert moe16.SLOT_DTYPE == torch.float32 and slot_dtype_for(torch.bfloat16) == torch.float32
+    """None picks float32 rows below SLOT_HALF_FROM_TOKENS tokens (decode sizes) and x's 16-bit dtype from there
+    (SLOT_DTYPE bf16 since round 10); the launchers apply the rule to their own token count (the threshold lowered
+    to this case's 7 tokens gives the same output as slot_dtype=bf16); float32 x keeps float32 rows; a slot dtype
+    other than float32 or x's 16-bit dtype is refused."""
+    assert moe16.SLOT_DTYPE == torch.bfloat16 and moe16.SLOT_HALF_FROM_TOKENS == 257
+    assert slot_dtype_for(torch.bfloat16, 256) == torch.float32 and slot_dtype_for(torch.bfloat16, 257) == torch.bfloat16
+    assert slot_dtype_for(torch.float16, 4096) == torch.float16 and slot_dtype_for(torch.float32, 4096) == torch.float32
     x, tabs, ids, wts = _moe_case("bf16", seed=11)
     seen = _spy_slots(monkeypatch)
+    out32 = fused_moe_triton(x, *tabs, ids, wts, slot_dtype=torch.float32)
     out16 = fused_moe_triton(x, *tabs, ids, wts, slot_dtype=torch.bfloat16)
-    monkeypatch.setattr(moe16, "SLOT_DTYPE", torch.bfloat16)
+    assert torch.equal(fused_moe_triton(x, *tabs, ids, wts), out32)  # 7 tokens: float32 rows
+    monkeypatch.setattr(moe16, "SLOT_HALF_FROM_TOKENS", x.shape[0])
     assert torch.equal(fused_moe_triton(x, *tabs, ids, wts), out16)
     fused_moe_triton(x.float(), tabs[0].float(), tabs[1].float(), ids, wts)
-    assert [s.dtype for s in seen] == [torch.bfloat16, torch.bfloat16, torch.float32]
-    assert slot_dtype_for(torch.float16) == torch.float16 and slot_dtype_for(torch.float32) == torch.float32
+    assert [s.dtype for s in seen] == [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32]
+    assert not torch.equal(out16, out32)
     for x_dtype, bad in ((torch.bfloat16, torch.float16), (torch.float32, torch.bfloat16), (torch.float16, torch.int8)):
         with pytest.raises(ValueError, match="ladle offers None"):
-            slot_dtype_for(x_dtype, bad)
+            slot_dtype_for(x_dtype, 4096, bad)
     with pytest.raises(ValueError, match="slot_dtype torch.float16 with x torch.bfloat16"):
         fused_moe_fp8_triton(x[:0], *quantize_fp8_rows(tabs[0].float()), *quantize_fp8_rows(tabs[1].float()),
                              ids[:0], wts[:0], slot_dtype=torch.float16)
