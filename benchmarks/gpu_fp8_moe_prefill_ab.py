@@ -72,8 +72,13 @@ R3_PREFILL = MoETileConfig(64, 64, 128, 64, 4, 4)  # its prefill tile
 PREFILL = (
     ("round-3", R3_PREFILL, ROUND3),
     ("table", None, None),
-    ("gu block w8", W8, GU_BLOCK),  # the served prefill tile and options (block-uniform scales; bf16 slots, round 10)
+    ("gu block w8", W8, GU_BLOCK),  # round 9's served prefill tile and options (block-uniform scales)
     ("gu block w8 f32 slots", W8, GU_BLOCK, torch.float32),  # round 9's slot rows (float32), the twin of the above
+    # round 10: GEMM 2 programs over 2 / 4 column tiles (Fp8MoEOptions.gemm2_n_tiles; GEMM 1 unchanged)
+    ("gu block w8 g2n2", W8, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=2)),
+    ("gu block w8 g2n4", W8, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4)),
+    ("gu block w8 s4 g2n4", MoETileConfig(64, 64, 128, 64, 8, 4), Fp8MoEOptions(gu_dot=True, block_scales=True,
+                                                                                 gemm2_n_tiles=4)),  # served, r10
     # session 9: wider tiles (GEMM 2 has only K/128 = 6 steps at one TP4 rank; GEMM 1 a 256-wide gate+up dot)
     ("gu block w8 bn1 128", MoETileConfig(64, 128, 128, 64, 8, 3), GU_BLOCK),
     ("gu w8 bn2 256", MoETileConfig(64, 64, 256, 64, 8, 3), Fp8MoEOptions(gu_dot=True)),
@@ -97,6 +102,8 @@ DECODE = (  # the decode tile (BN1 32, BN2 64) with each option
     ("gu", None, Fp8MoEOptions(gu_dot=True)),
     ("gu block", None, GU_BLOCK),
     ("gu block bf16 slots", None, GU_BLOCK, torch.bfloat16),  # decode sizes keep float32 rows by default
+    ("gu block g2n2", None, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=2)),
+    ("gu block g2n4", None, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4)),
 )
 
 
@@ -131,7 +138,8 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
     row = {"variant": name, "M": m, "format": family,
            "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},s{tile.num_stages}",
            "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
-                      f"block={int(options.block_scales)}" + _slots_label(slot, xs[0].dtype, m)}
+                      f"block={int(options.block_scales)}" + _slots_label(slot, xs[0].dtype, m)
+                      + (f" n2={options.gemm2_n_tiles}" if options.gemm2_n_tiles > 1 else "")}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt, slot_dtype=slot)

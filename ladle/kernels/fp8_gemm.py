@@ -56,13 +56,18 @@ OP_SCALED_MM = "fp8_gemm_scaled_mm"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 weight [N, K] + [N, K/128] fp32 scales")
 dispatch.register(OP_SCALED_MM, "scaled_mm", "asked for at M >= SCALED_MM_MIN_TOKENS; cuda sm_90 with block-wise "
                   "torch._scaled_mm (probed once per device); fp32 128-group weight scales (not MXFP8); K % 128 == 0, "
-                  "N % 16 == 0, M % 4 == 0")
+                  "N % 16 == 0 (M padded to a multiple of 4)")
 
 # Smallest local M (tokens) that asks for the "scaled_mm" path; below it the Triton kernel runs. H200, 2026-12-02
 # (benchmarks/gpu_fp8_gemm_ab.py, benchmarks/results/round7/kernels/call2_fp8_gemm_ab.log; whole op incl. act_quant):
 # scaled_mm 1.18-1.77x the Triton kernel at M = 128, 1.23-1.67x at 1024, 1.58-1.89x at 8192 on the six TP4-rank
 # shapes; M < 128 not measured, so decode keeps the Triton kernel.
 SCALED_MM_MIN_TOKENS = 128
+# cuBLASLt's block-wise recipe wants the M-major scale_a columns 16-byte aligned: M a multiple of 4 (an M of 4k + 2
+# fails with CUBLAS_STATUS_NOT_SUPPORTED, round 7's gpu_fp8_gemm_ab.py). `fp8_linear` quantizes into rows padded to
+# this multiple (zeros, scale 1; `act_quant` pad_rows_to) and keeps the first M output rows, instead of sending the
+# whole step to the Triton kernel (round 10: 3 of 7 sampled 32K-token prefill steps ran all 126 dense GEMMs there).
+SCALED_MM_ROW_MULTIPLE = 4
 
 
 @dataclass(frozen=True)
@@ -259,7 +264,8 @@ def fp8_gemm_scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tens
                        out_dtype: torch.dtype) -> torch.Tensor:
     """The "scaled_mm" path (module doc): a_q [M, K] fp8 row-major, a_scale [M, K/128] float32 M-major (strides
     (1, M)), w_q [N, K] fp8, w_scale [N, K/128] float32 -> y [M, N] in out_dtype, by torch._scaled_mm's (1x128,
-    1x128) recipe. Checks no eligibility (`scaled_mm_ineligible` does)."""
+    1x128) recipe. M a multiple of SCALED_MM_ROW_MULTIPLE (cuBLASLt; `fp8_linear` pads). Checks no eligibility
+    (`scaled_mm_ineligible` does)."""
     return torch._scaled_mm(a_q, w_q.t(), a_scale, w_scale.t().contiguous(), out_dtype=out_dtype)
 
 
@@ -308,15 +314,13 @@ def scaled_mm_ineligible(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tens
     """Eligibility rule of the "scaled_mm" path for x [M, K], w_q [N, K], w_scale: None when it may run, else the
     reason (one fixed wording per cause, so the dispatch record counts one reason per cause). Format and shape
     first; the device and its one-time probe (`scaled_mm_support`) last."""
-    (m, k), n = x.shape, w_q.shape[0]
+    k, n = x.shape[1], w_q.shape[0]
     if w_scale.dtype != torch.float32:
         return f"weight scales {w_scale.dtype} (scaled_mm takes float32 128-group scales; MXFP8 runs on Triton)"
     if w_q.dtype != FP8_DTYPE or w_q.stride(-1) != 1:
         return f"weight {w_q.dtype} (needs float8_e4m3fn, K contiguous)"
     if k % GROUP or n % 16:
         return f"K {k} not a multiple of 128 or N {n} of 16"
-    if m % 4:  # M-major scale_a rows of 16 bytes (cuBLASLt alignment; gpu_fp8_gemm_ab.py checks M % 4 != 0)
-        return "M not a multiple of 4"
     if w_q.device != x.device:
         return "x and weight on different devices"
     return scaled_mm_support(x.device)
@@ -348,12 +352,15 @@ def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     path = _decide_path(x2, w_q, w_scale, use_triton)
-    a_q, a_scale = act_quant(x2.contiguous(), use_triton=path != "ref", m_major_scale=path == "scaled_mm")
     if path == "scaled_mm":
-        y = fp8_gemm_scaled_mm(a_q, a_scale, w_q, w_scale, x.dtype)
+        a_q, a_scale = act_quant(x2.contiguous(), use_triton=True, m_major_scale=True,
+                                 pad_rows_to=SCALED_MM_ROW_MULTIPLE)
+        y = fp8_gemm_scaled_mm(a_q, a_scale, w_q, w_scale, x.dtype)[:x2.shape[0]]  # the first M rows: contiguous
     elif path == "triton":
+        a_q, a_scale = act_quant(x2.contiguous(), use_triton=True)
         y = fp8_gemm_triton(a_q, a_scale, w_q, w_scale, x.dtype)
     else:
+        a_q, a_scale = act_quant(x2.contiguous(), use_triton=False)
         y = fp8_gemm_ref(a_q, a_scale, w_q, w_scale, x.dtype)
     if bias is not None:
         y = y + bias

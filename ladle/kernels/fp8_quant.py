@@ -138,11 +138,16 @@ def quantize_fp8_rows(w: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP)) 
     return q, scale.repeat_interleave(block[0], dim=0)[: w.shape[0]].contiguous()
 
 
-def act_quant_ref(x: torch.Tensor, group: int = GROUP,
-                  m_major_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float -> (a_q [M, K] float8_e4m3fn, a_scale [M, ceil(K/group)] float32) (module doc): the block
-    quantizer with 1 x group blocks; a_scale M-major (strides (1, M)) when `m_major_scale`."""
+def act_quant_ref(x: torch.Tensor, group: int = GROUP, m_major_scale: bool = False,
+                  pad_rows_to: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float -> (a_q [M', K] float8_e4m3fn, a_scale [M', ceil(K/group)] float32) (module doc): the block
+    quantizer with 1 x group blocks; a_scale M-major (strides (1, M')) when `m_major_scale`. M' = M rounded up to a
+    multiple of pad_rows_to; the added rows are zeros with scale 1 (a GEMM gives 0 there; callers slice them off)."""
     q, s = quantize_block_fp8(x, (1, group))
+    m_pad = -(-x.shape[0] // pad_rows_to) * pad_rows_to
+    if m_pad != x.shape[0]:
+        q = torch.cat([q, torch.zeros((m_pad - x.shape[0], q.shape[1]), dtype=q.dtype, device=q.device)])
+        s = torch.cat([s, torch.ones((m_pad - x.shape[0], s.shape[1]), dtype=s.dtype, device=s.device)])
     return q, (s.t().contiguous().t() if m_major_scale else s)
 
 
@@ -168,34 +173,39 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_sm, stride_sg, n
     tl.store(s_ptr + row * stride_sm + grp * stride_sg, scale, mask=grp < num_groups)
 
 
-def act_quant_triton(x: torch.Tensor, group: int = GROUP,
-                     m_major_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher of `act_quant_ref` (same outputs and scale layout, byte for byte). x [M, K], unit stride on
-    K."""
+def act_quant_triton(x: torch.Tensor, group: int = GROUP, m_major_scale: bool = False,
+                     pad_rows_to: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton launcher of `act_quant_ref` (same outputs, padding rows and scale layout, byte for byte). x [M, K],
+    unit stride on K."""
     assert x.dim() == 2 and x.stride(1) == 1, f"x must be [M, K] with contiguous rows, got {tuple(x.shape)}"
     m, k = x.shape
+    m_pad = -(-m // pad_rows_to) * pad_rows_to
     g = triton.cdiv(k, group)
     # The interpreter's fp32 -> fp8 cast drops the carry when rounding crosses a binade (124.3 -> 64, not 128), so
     # under it the kernel stores the scaled fp32 values and torch casts them; on CUDA the kernel casts itself.
-    q = torch.empty((m, k), dtype=torch.float32 if interpreting() else FP8_DTYPE, device=x.device)
+    q = torch.empty((m_pad, k), dtype=torch.float32 if interpreting() else FP8_DTYPE, device=x.device)
     if m_major_scale:
-        s = torch.empty((g, m), dtype=torch.float32, device=x.device).t()  # [M, G], strides (1, M)
+        s = torch.empty((g, m_pad), dtype=torch.float32, device=x.device).t()  # [M', G], strides (1, M')
     else:
-        s = torch.empty((m, g), dtype=torch.float32, device=x.device)
+        s = torch.empty((m_pad, g), dtype=torch.float32, device=x.device)
     if m:
         block_g = min(ACT_QUANT_GROUPS_PER_PROGRAM, triton.next_power_of_2(g))
         _act_quant_kernel[(m, triton.cdiv(g, block_g))](x, q, s, k, x.stride(0), s.stride(0), s.stride(1), g,
                                                         SCALE_EPS, FP8_MAX, GROUP_K=group, BLOCK_G=block_g)
+    if m_pad != m:
+        q[m:].zero_()
+        s[m:].fill_(1.0)
     return q.to(FP8_DTYPE), s
 
 
 @timed_op
-def act_quant(x: torch.Tensor, *, use_triton: bool, group: int = GROUP,
-              m_major_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatching entry point (records op "fp8_act_quant", bucket = tokens); `m_major_scale`: module doc."""
+def act_quant(x: torch.Tensor, *, use_triton: bool, group: int = GROUP, m_major_scale: bool = False,
+              pad_rows_to: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatching entry point (records op "fp8_act_quant", bucket = tokens); `m_major_scale`, `pad_rows_to`:
+    `act_quant_ref`."""
     reason: Optional[str] = triton_ok(x)
     if reason is None and x.stride(-1) != 1:
         reason = "x rows not contiguous"
     if decide_triton(OP, x.shape[0], use_triton, reason):
-        return act_quant_triton(x, group, m_major_scale)
-    return act_quant_ref(x, group, m_major_scale)
+        return act_quant_triton(x, group, m_major_scale, pad_rows_to)
+    return act_quant_ref(x, group, m_major_scale, pad_rows_to)

@@ -66,16 +66,23 @@ class Fp8MoEOptions:
     iteration; max_regs caps the registers per thread (Triton's `maxnreg`, None: the compiler's choice) so that
     more CTAs fit on an SM; block_scales: the caller states that the row-expanded fp32 weight scales are equal over
     every 128-row block (128x128-block checkpoints, `quantize_fp8_rows`), so a tile reads one gate and one up scale
-    per K step instead of a scale per column (module doc; refused for E8M0 scales and tiles that cross a block)."""
+    per K step instead of a scale per column (module doc; refused for E8M0 scales and tiles that cross a block);
+    gemm2_n_tiles: GEMM 2 programs own that many consecutive BN2-wide column tiles of one row tile and walk them in
+    one flattened (tile, K step) loop, storing each tile when its last K step is done (round 10: GEMM 2 has only
+    I/128 = 6 K steps at one TP4 rank, so each program's pipeline fill is a large part of its life; k_unroll 1)."""
 
     gu_dot: bool = False
     k_unroll: int = 1
     max_regs: Optional[int] = None
     block_scales: bool = False
+    gemm2_n_tiles: int = 1
 
     def __post_init__(self):
         if self.k_unroll not in (1, 2):
             raise ValueError(f"k_unroll {self.k_unroll}: ladle offers 1 or 2")
+        if self.gemm2_n_tiles not in (1, 2, 4, 8) or (self.gemm2_n_tiles > 1 and self.k_unroll != 1):
+            raise ValueError(f"gemm2_n_tiles {self.gemm2_n_tiles} with k_unroll {self.k_unroll}: ladle offers 1, 2, "
+                             "4 or 8 column tiles per program (more than 1 with k_unroll 1 only)")
         if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 
@@ -86,9 +93,13 @@ class Fp8MoEOptions:
 # H200, 2026-12-02 (benchmarks/gpu_fp8_moe_prefill_ab.py, results/round7/kernels/call3_fp8_moe_prefill_ab.log; TP4
 # rank of M3, near-uniform routing): at M = 8192 gu+block with 8 warps 1.35x the round-3 loop (GEMM 1 1.54x, GEMM 2
 # 0.97x), gu alone (4 warps, 3 stages) 1.14x; at M = 2048 1.33x / 1.09x; at M = 32 (decode tile) 1.07x / 1.02x.
+# Round 10 call 4 (same script, results/round10/call4/n_tiles_ab.log, one run): GEMM 2 over 4 column tiles per
+# program 1.11x / 1.16x at M = 8192 / 2048 (GEMM 2 alone), with 4 stages the op 1.08x / 1.13x; at M = 32 0.98x, so
+# decode sizes keep one tile. Measured on block-uniform scales only: the "fp8" rows are unchanged.
 FP8_MOE_OPTIONS: dict[str, tuple[tuple[int, Fp8MoEOptions], ...]] = {
     "fp8": ((MAX_TOKENS, Fp8MoEOptions(gu_dot=True)),),
-    "fp8_block": ((MAX_TOKENS, Fp8MoEOptions(gu_dot=True, block_scales=True)),),
+    "fp8_block": ((256, Fp8MoEOptions(gu_dot=True, block_scales=True)),
+                  (MAX_TOKENS, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4))),
     "mxfp8": ((MAX_TOKENS, Fp8MoEOptions()),),
 }
 
@@ -187,9 +198,11 @@ def _fp8_gemm2_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K, num_kb, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
-    K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr,
+    K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr, N_TILES: tl.constexpr,
 ):
-    pid_m, offs_n, n_ok = moe_tile_cols(N, BN)
+    """Program (row tile, N_TILES consecutive BN-wide column tiles): out_slots rows of the tile's slots = routed
+    weight x (intermediate rows @ w2[e]^T) per column tile (Fp8MoEOptions.gemm2_n_tiles)."""
+    pid_m, offs_w, _ = moe_tile_cols(N, BN * N_TILES)
     if pid_m * BM >= tl.load(npp_ptr):
         return
     e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
@@ -197,19 +210,39 @@ def _fp8_gemm2_kernel(
     rows = offs_m.to(tl.int64)
     a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]
     as_ptrs = as_ptr + rows * num_akb
-    b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # [BK, BN]
-    bs_ptrs = ws_ptr + e * stride_wse + offs_n.to(tl.int64) * num_kb
-    blk = ws_ptr + e * stride_wse + (tl.min(offs_n, 0) // 128 * 128).to(tl.int64) * num_kb  # its block's row 0
     up_col = tl.arange(0, BN) < 0
-    acc = tl.zeros([BM, BN], tl.float32)
-    for kb0 in range(0, num_kb, K_UNROLL):
-        for j in tl.static_range(K_UNROLL):
-            a, a_s = _act_step(a_ptrs, as_ptrs, kb0 + j, row_ok, offs_k, K, BK, EVEN_K)
-            w_s = _weight_scale(bs_ptrs, blk, blk, up_col, kb0 + j, n_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
-            acc = _weight_step(a, a_s, b_ptrs, w_s, kb0 + j, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
     wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
-    out = out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :]
-    store_slot_rows(out, acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
+    out_rows = out_ptr + slot[:, None].to(tl.int64) * N
+    n0 = tl.min(offs_w, 0)  # first column of the program's first tile
+    acc = tl.zeros([BM, BN], tl.float32)
+    if N_TILES == 1:
+        offs_n = n0 + tl.arange(0, BN)
+        n_ok = offs_n < N
+        b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]  # [BK, BN]
+        bs_ptrs = ws_ptr + e * stride_wse + offs_n.to(tl.int64) * num_kb
+        blk = ws_ptr + e * stride_wse + (n0 // 128 * 128).to(tl.int64) * num_kb  # its block's row 0
+        for kb0 in range(0, num_kb, K_UNROLL):
+            for j in tl.static_range(K_UNROLL):
+                a, a_s = _act_step(a_ptrs, as_ptrs, kb0 + j, row_ok, offs_k, K, BK, EVEN_K)
+                w_s = _weight_scale(bs_ptrs, blk, blk, up_col, kb0 + j, n_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
+                acc = _weight_step(a, a_s, b_ptrs, w_s, kb0 + j, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
+        store_slot_rows(out_rows + offs_n[None, :], acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
+    else:
+        for it in range(0, N_TILES * num_kb):  # flattened (column tile, K step), K fastest
+            t = it // num_kb
+            kb = it - t * num_kb
+            n_t = n0 + t * BN
+            offs_n = n_t + tl.arange(0, BN)
+            n_ok = offs_n < N
+            b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
+            bs_ptrs = ws_ptr + e * stride_wse + offs_n.to(tl.int64) * num_kb
+            blk = ws_ptr + e * stride_wse + (n_t // 128 * 128).to(tl.int64) * num_kb
+            a, a_s = _act_step(a_ptrs, as_ptrs, kb, row_ok, offs_k, K, BK, EVEN_K)
+            w_s = _weight_scale(bs_ptrs, blk, blk, up_col, kb, n_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
+            acc = _weight_step(a, a_s, b_ptrs, w_s, kb, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
+            if kb == num_kb - 1:
+                store_slot_rows(out_rows + offs_n[None, :], acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
+                acc = tl.zeros([BM, BN], tl.float32)
 
 
 def _check(x, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
@@ -307,11 +340,11 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
     (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k, slots_dt), (H, I) = plan, (w2.shape[1], w2.shape[2])
     bm, P = cfg.block_m, sorted_ids.numel()
     out_slots = torch.empty((T * k, H), dtype=slots_dt, device=i_q.device)
-    _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2),)](
+    _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2 * opt.gemm2_n_tiles),)](
         i_q, i_s, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
         triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0),
         BM=bm, BN=bn2, BK=g, E8M0=e8m0, F32_DOT=interpreting(), K_UNROLL=opt.k_unroll,
-        EVEN_K=I % (g * opt.k_unroll) == 0, BLOCK_SCALES=opt.block_scales,
+        EVEN_K=I % (g * opt.k_unroll) == 0, BLOCK_SCALES=opt.block_scales, N_TILES=opt.gemm2_n_tiles,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
     return out_slots
 

@@ -64,12 +64,13 @@ def test_act_quant_m_major_scale_same_bytes(quant):
 
 
 def test_scaled_mm_rule_reasons():
-    """Format and shape reasons on the CPU, then the device: MXFP8 scales, K off the 128 grid, M % 4, CPU."""
+    """Format and shape reasons on the CPU, then the device: MXFP8 scales, K off the 128 grid, CPU. An M off the
+    4-row grid is no reason (fp8_linear pads the quantized rows)."""
     x = torch.randn(8, 256)
     w_q, w_s = quantize_fp8_rows(torch.randn(32, 256))
     assert "MXFP8" in scaled_mm_ineligible(x, *quantize_mxfp8(torch.randn(32, 256)))
     assert scaled_mm_ineligible(torch.randn(8, 200), *quantize_fp8_rows(torch.randn(32, 200))).startswith("K 200")
-    assert scaled_mm_ineligible(x[:6], w_q, w_s) == "M not a multiple of 4"
+    assert scaled_mm_ineligible(x[:6], w_q, w_s) == "device cpu (needs cuda)"
     assert scaled_mm_ineligible(x, w_q, w_s) == "device cpu (needs cuda)" == scaled_mm_support(x.device)
 
 
@@ -89,6 +90,38 @@ def test_fp8_linear_scaled_mm_path_layout_and_record(emulated_scaled_mm):
     assert ops["fp8_gemm"]["buckets"]["T<=16"] == {"configured": 0, "eligible": 1, "executed": 0, "calls": 1}
 
 
+@pytest.mark.parametrize("quant", [act_quant_ref, act_quant_triton], ids=["ref", "triton"])
+def test_act_quant_pad_rows(quant):
+    """pad_rows_to: the first M rows are the unpadded quantization byte for byte; the added rows are zeros with
+    scale 1, in both scale layouts; M already on the grid adds nothing."""
+    x = torch.randn(6, 300) * torch.logspace(-3, 2, 300)
+    q, s = quant(x)
+    for m_major in (False, True):
+        qp, sp = quant(x, m_major_scale=m_major, pad_rows_to=4)
+        assert qp.shape == (8, 300) and sp.shape == (8, 3) and sp.stride() == ((1, 8) if m_major else (3, 1))
+        assert torch.equal(qp[:6].view(torch.uint8), q.view(torch.uint8)) and torch.equal(sp[:6], s)
+        assert not qp[6:].view(torch.uint8).any() and torch.equal(sp[6:], torch.ones(2, 3))
+    q4, s4 = quant(x[:4], pad_rows_to=4)
+    assert q4.shape == (4, 300) and torch.equal(s4, quant(x[:4])[1])
+
+
+def test_fp8_linear_scaled_mm_pads_m(emulated_scaled_mm, monkeypatch):
+    """M = 10 (off cuBLASLt's 4-row grid; the fixture's threshold is 8) still takes the scaled_mm path: _scaled_mm
+    sees 12 quantized rows (the last two zero) and fp8_linear returns the first 10 output rows, equal to the
+    reference path's."""
+    seen = []
+    real = fp8_gemm.fp8_gemm_scaled_mm
+    monkeypatch.setattr(fp8_gemm, "fp8_gemm_scaled_mm", lambda a_q, *rest: seen.append(a_q.shape) or real(a_q, *rest))
+    dispatch.reset()
+    x, w = torch.randn(10, 256) * torch.logspace(-2, 1, 256), torch.randn(48, 256)
+    w_q, w_s = quantize_fp8_rows(w)
+    fast = fp8_linear(x, w_q, w_s, use_triton=True)
+    slow = fp8_linear(x, w_q, w_s, use_triton=False)
+    assert emulated_scaled_mm == [1] and seen == [(12, 256)]
+    assert fast.shape == (10, 48) and fast.is_contiguous() and _rel(fast, slow) < 1e-5
+    assert dispatch.snapshot()["ops"]["fp8_gemm_scaled_mm"]["buckets"]["T<=16"]["executed"] == 1
+
+
 def test_fp8_linear_scaled_mm_fallback_reason_recorded(emulated_scaled_mm, monkeypatch):
     """A failed device probe sends the call to the Triton kernel and is counted as the path's fallback reason;
     below the threshold the path is not asked for (nothing recorded for it)."""
@@ -105,17 +138,18 @@ def test_fp8_linear_scaled_mm_fallback_reason_recorded(emulated_scaled_mm, monke
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1024, 2052])
+@pytest.mark.parametrize("m", [1024, 2050, 2052])
 def test_scaled_mm_gpu_against_reference(m):
     """H200: the device probe passes; TP4-rank M3 shapes (qkv 6144 -> 2688, o_proj 2048 -> 6144) and a K of 3
-    groups (not a multiple of 4 groups) against the float64 reference; fp8_linear runs the path in bf16."""
+    groups (not a multiple of 4 groups) against the float64 reference, M = 2050 through padded rows; fp8_linear
+    runs the path in bf16."""
     assert scaled_mm_support(torch.device("cuda")) is None
     for n, k in ((2688, 6144), (6144, 2048), (256, 384)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w_q, w_s = quantize_fp8_rows(torch.randn(n, k, device="cuda") / k ** 0.5)
-        a_q, a_s = act_quant_triton(x, m_major_scale=True)
-        ref = fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64)
-        assert _rel(fp8_gemm_scaled_mm(a_q, a_s, w_q, w_s, torch.float32), ref) < 1e-3
+        a_q, a_s = act_quant_triton(x, m_major_scale=True, pad_rows_to=fp8_gemm.SCALED_MM_ROW_MULTIPLE)
+        ref = fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64)[:m]
+        assert _rel(fp8_gemm_scaled_mm(a_q, a_s, w_q, w_s, torch.float32)[:m], ref) < 1e-3
         dispatch.reset()
         assert _rel(fp8_linear(x, w_q, w_s, use_triton=True), ref) < 1e-2
         assert dispatch.snapshot()["ops"]["fp8_gemm_scaled_mm"]["buckets"][dispatch.tokens_bucket(m)]["executed"] == 1

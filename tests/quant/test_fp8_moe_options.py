@@ -97,9 +97,11 @@ def test_options_refuse_what_the_kernels_do_not_offer():
 
 def test_the_options_table_row_is_what_the_launcher_runs(monkeypatch):
     """The table per weight family (H200 A/B of 2026-12-02): gu for per-row fp32 scales, gu + block_scales for
-    block-uniform ones, the round-3 loop for MXFP8; an edited row reaches both GEMMs of a launch."""
+    block-uniform ones (GEMM 2 over 4 column tiles above 256 tokens, round 10), the round-3 loop for MXFP8; an
+    edited row reaches both GEMMs of a launch."""
     assert all(select_options(m, "fp8") == Fp8MoEOptions(gu_dot=True) for m in (1, 256, 257, 8192))
-    assert select_options(8192, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True)
+    assert select_options(256, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True)
+    assert select_options(257, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4)
     assert select_options(32, "mxfp8") == Fp8MoEOptions()
     edited = Fp8MoEOptions(gu_dot=True, k_unroll=2)
     monkeypatch.setitem(moe8.FP8_MOE_OPTIONS, "fp8", ((16, Fp8MoEOptions()), (MAX_TOKENS, edited)))
@@ -132,3 +134,24 @@ def test_block_uniform_scales_select_the_block_rows(monkeypatch):
     method = Fp8FusedMoEMethod()
     method.run_experts(x, tabs[0], w13_scale, tabs[2], tabs[3], ids, wts, 1.702, 7.0, use_triton=True)
     assert w13_scale.block_uniform is True and seen[-1].block_scales
+
+
+@pytest.mark.parametrize("n_tiles", [2, 4])
+@pytest.mark.parametrize("block", [False, True], ids=["rows", "block"])
+def test_gemm2_n_tiles_same_bytes(n_tiles, block):
+    """gemm2_n_tiles runs the same promoted K steps per column tile in the same order, so the output equals the
+    one-tile program's bit for bit; H = 160 is 5 BN2 = 32 tiles (the last program's trailing tiles masked or past
+    N), I = 256 two K steps (EVEN_K); with block scales (128-row blocks, BN2 32 divides 128) too. E8M0 scales and
+    k_unroll 2 are refused with it."""
+    x, tabs, ids, wts = _case(11, 160, 256, 5, 2, quantize_fp8_rows, seed=n_tiles)
+    cfg = MoETileConfig(16, 32, 32, 128, 4, 2)
+    base = Fp8MoEOptions(gu_dot=True, block_scales=block)
+    one = fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=base, block_uniform=block)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, block_uniform=block,
+                               options=Fp8MoEOptions(gu_dot=True, block_scales=block, gemm2_n_tiles=n_tiles))
+    assert torch.equal(out, one)
+    assert _rel(out, fused_moe_fp8_ref(x, *tabs, ids, wts)) < 2e-3
+    with pytest.raises(ValueError, match="ladle offers 1, 2, 4 or 8"):
+        Fp8MoEOptions(k_unroll=2, gemm2_n_tiles=n_tiles)
+    with pytest.raises(ValueError, match="ladle offers 1, 2, 4 or 8"):
+        Fp8MoEOptions(gemm2_n_tiles=3)
