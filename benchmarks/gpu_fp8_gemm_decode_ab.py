@@ -6,7 +6,10 @@ test.
 
 What: `fp8_gemm_triton` (128-group fp32 weight scales) at M = 1, 8, 32, 64 on the TP4-rank dense shapes
 (N, K) = (2688, 6144) (q|k|v|index projections) and (6144, 2048) (o_proj), at today's decode tile with split_k = 1
-(the kernel before the split), 2, 4, 8 and the launcher's default (`default_split_k`). Each config: one call checked
+(the kernel before the split), 2, 4, 8 and the launcher's default (`default_split_k`); round 10 adds a few wider or
+deeper tiles at the default split ("tile BM,BN,warps,stages") and torch._scaled_mm's block-wise recipe on the same
+quantized operands ("scaled_mm": M-major activation scales, rows padded to a multiple of 4 as fp8_linear pads them,
+the first M rows kept; GEMM only, the activation quantization is outside every row). Each config: one call checked
 against `fp8_gemm_ref` in float64 on the same fresh random data (relative error; expected ~1e-6, float32 summation
 order), then the CUDA-graph replay time (gpu_bench_common.time_graph_us) over R weight copies totalling >= 4x the L2
 (METHOD's rule, so the weight bytes come from HBM), and % of the copy bandwidth measured in this run over the bytes
@@ -30,7 +33,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import L2_BYTES, measure_copy_bandwidth, rel_err, time_graph_us  # noqa: E402
-from ladle.kernels.fp8_gemm import default_split_k, fp8_gemm_ref, fp8_gemm_triton, select_gemm_config  # noqa: E402
+from ladle.kernels.fp8_gemm import (SCALED_MM_ROW_MULTIPLE, GemmTileConfig, default_split_k, fp8_gemm_ref,  # noqa
+                                    fp8_gemm_scaled_mm, fp8_gemm_triton, select_gemm_config)
 from ladle.kernels.fp8_quant import act_quant_triton, quantize_fp8_rows  # noqa: E402
 
 SHAPES = ((2688, 6144), (6144, 2048))
@@ -57,19 +61,35 @@ def main() -> None:
             cfg = select_gemm_config(m, "fp8")
             default = default_split_k(m, n, -(-k // 128), cfg, torch.device(dev))
             base_us = None
-            for split in (1, 2, 4, 8, None):
+            a_qp, a_sp = act_quant_triton(x, m_major_scale=True, pad_rows_to=SCALED_MM_ROW_MULTIPLE)
+            extra = [GemmTileConfig(16, 64, 4, 4), GemmTileConfig(16, 32, 4, 6), GemmTileConfig(16, 128, 4, 4),
+                     GemmTileConfig(16, 64, 8, 4)]
+            for split in (1, 2, 4, 8, None) + tuple(extra) + (("scaled_mm",) if not args.smoke else ()):
                 if time.monotonic() - t0 > args.time_budget_s:
                     break
-                name = f"split {split}" if split else f"default ({default})"
-                row = {"m": m, "n": n, "k": k, "variant": name, "split_k": split or default,
-                       "tile": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages]}
+                tile_cfg = split if isinstance(split, GemmTileConfig) else None
+                use = tile_cfg or cfg
+                if split == "scaled_mm":
+                    name = "scaled_mm"
+                elif tile_cfg:
+                    name = "tile " + ",".join(map(str, (use.block_m, use.block_n, use.num_warps, use.num_stages)))
+                else:
+                    name = f"split {split}" if split else f"default ({default})"
+                ksplit = split if isinstance(split, int) else None
+                row = {"m": m, "n": n, "k": k, "variant": name,
+                       "split_k": ksplit or default_split_k(m, n, -(-k // 128), use, torch.device(dev)),
+                       "tile": [use.block_m, use.block_n, use.num_warps, use.num_stages]}
+
+                def call(wq, ws, dt, ksplit=ksplit, tile_cfg=tile_cfg, split=split):
+                    if split == "scaled_mm":
+                        return fp8_gemm_scaled_mm(a_qp, a_sp, wq, ws, dt)[:m]
+                    return fp8_gemm_triton(a_q, a_s, wq, ws, dt, config=tile_cfg, split_k=ksplit)
                 try:
                     w_q, w_s = weights[0]
-                    y = fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32, split_k=split)
+                    y = call(w_q, w_s, torch.float32)
                     row["rel_err"] = rel_err(y, fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64))
                     if not args.smoke:
-                        fns = [lambda wq=wq, ws=ws: fp8_gemm_triton(a_q, a_s, wq, ws, torch.bfloat16, split_k=split)
-                               for wq, ws in weights]
+                        fns = [lambda wq=wq, ws=ws, call=call: call(wq, ws, torch.bfloat16) for wq, ws in weights]
                         us = time_graph_us(fns)
                         nbytes = n * k + n * (k // 128) * 4 + m * k
                         row.update(us=us, pct_bw=100 * nbytes / (us * 1e-6) / 1e9 / bw)
@@ -83,9 +103,9 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"copy_gb_s": bw, "rows": rows}, f, indent=1)
     print(f"\ncopy {bw:.0f} GB/s; fp8_gemm_triton (128-group scales), CUDA-graph us per call over weights >= 4x L2")
-    print(f"{'M':>4} {'N x K':>11} {'variant':>12} {'tile':>14} {'us':>8} {'%BW':>6} {'vs split 1':>10} {'rel_err':>9}")
+    print(f"{'M':>4} {'N x K':>11} {'variant':>16} {'tile':>14} {'us':>8} {'%BW':>6} {'vs split 1':>10} {'rel_err':>9}")
     for r in rows:
-        print(f"{r['m']:>4} {r['n']:>5}x{r['k']:<5} {r['variant']:>12} {str(tuple(r['tile'])):>14} "
+        print(f"{r['m']:>4} {r['n']:>5}x{r['k']:<5} {r['variant']:>16} {str(tuple(r['tile'])):>14} "
               f"{r.get('us', float('nan')):8.1f} {r.get('pct_bw', float('nan')):6.1f} "
               f"{r.get('speedup', float('nan')):10.2f} {r.get('rel_err', float('nan')):9.1e} {r.get('error', '')}")
 

@@ -61,8 +61,11 @@ dispatch.register(OP_SCALED_MM, "scaled_mm", "asked for at M >= SCALED_MM_MIN_TO
 # Smallest local M (tokens) that asks for the "scaled_mm" path; below it the Triton kernel runs. H200, 2026-12-02
 # (benchmarks/gpu_fp8_gemm_ab.py, benchmarks/results/round7/kernels/call2_fp8_gemm_ab.log; whole op incl. act_quant):
 # scaled_mm 1.18-1.77x the Triton kernel at M = 128, 1.23-1.67x at 1024, 1.58-1.89x at 8192 on the six TP4-rank
-# shapes; M < 128 not measured, so decode keeps the Triton kernel.
-SCALED_MM_MIN_TOKENS = 128
+# shapes. Round 10 call 5 (benchmarks/gpu_fp8_gemm_decode_ab.py, results/round10/call5; the GEMM with the per-call
+# scale transpose, against the Triton kernel at its default split): qkv 2688 x 6144 / o_proj 6144 x 2048 at M = 64
+# 1.77x / 1.60x, at M = 32 1.10x / 1.10x, at M = 8 0.81x / 1.00x, at M = 1 0.80x / 0.94x. So from 17 tokens (decode
+# batches of 24 and more); the Triton kernel below.
+SCALED_MM_MIN_TOKENS = 17
 # cuBLASLt's block-wise recipe wants the M-major scale_a columns 16-byte aligned: M a multiple of 4 (an M of 4k + 2
 # fails with CUBLAS_STATUS_NOT_SUPPORTED, round 7's gpu_fp8_gemm_ab.py). `fp8_linear` quantizes into rows padded to
 # this multiple (zeros, scale 1; `act_quant` pad_rows_to) and keeps the first M output rows, instead of sending the
