@@ -22,10 +22,12 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-4) -> bool:
     return torch.allclose(a, b, rtol=tol, atol=tol)
 
 
-# Triton: float32 rounding differs with the chunk shape (GEMM and attention tile orders), and a K/V value that
-# lands within that noise of an e4m3 rounding midpoint is stored one FP8 step (6%) apart; the step stays local to
-# one element, so the logits move by ~1e-4 rather than the references' exact agreement.
-TOL = {"torch": 1e-4, "triton": 2e-3}
+# float32 rounding differs with the chunk shape (Triton: GEMM and attention tile orders; torch: the CPU BLAS's
+# blocking of a 23-row against a 100-row GEMM), and a K/V value that lands within that noise of an e4m3 rounding
+# midpoint is stored one FP8 step (6%) apart; the step stays local to one element, so the logits move by up to
+# ~2e-3. The torch path agreed to 1e-4 on earlier machines; on an AMD EPYC host (session 10, torch 2.13 CPU) one
+# flip moved a logit by 1.5e-3 (relative Frobenius 8e-5), so both backends share the bound.
+TOL = {"torch": 2e-3, "triton": 2e-3}
 
 
 def _driver(lm, n: int, backend: str, seed: int = 0, dtype=FP8) -> PagedDriver:
