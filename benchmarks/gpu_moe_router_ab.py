@@ -22,9 +22,11 @@ count (or off by a near-tie). Then flip the switches: "kernel tf32x2w" faster th
 sm_90 SASS of the fused BLOCK_T 64 launch: 162 instructions per K step vs 500 for tf32x3) with the same error class
 -> ROUTER_LARGE_T_PRECISION = "tf32x2w"; "kernel ieee" faster than "today" below 128 -> ROUTER_SMALL_T_PRECISION =
 "ieee"; if a crossing moves, move ROUTER_KERNEL_MIN_TOKENS. "kernel ieee" and "kernel" share the split-K launch and
-its `_router_topk_kernel` pass (96 splits at T = 1 and 32, summed one split per loop step), so a gap between "kernel
-ieee" and "kernel" at small T is the dot, and what both keep over ~1 us (3 MB of W at copy bandwidth) is the launch
-and the split sum.
+its `_router_topk_kernel` pass (96 splits at T = 1 and 32), so a gap between "kernel ieee" and "kernel" at small T is
+the dot, and what both keep over ~1 us (3 MB of W at copy bandwidth) is the launch and the split sum. Session 11:
+"today e1" and "kernel x2w e1" (T <= 128) run "today" / "kernel tf32x2w" with the epilogue as it was before (16
+token rows per program, one split per load: two programs walk 96 dependent loads at T = 32): the same-run baseline
+of the blocked epilogue (4 rows per program up to 256 tokens, up to 16 splits per load).
 Checks, on fresh random data per T (x ~ N(0,1), W ~ N(0, 1/H) so logits ~ N(0,1), bias ~ N(0, 0.1^2)): the logits'
 relative error against a float64 reference (the logits of the path the variant runs: torch's fp32 logits, or the
 kernel's own via `moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4
@@ -52,6 +54,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import L2_BYTES, measure_copy_bandwidth, rel_err, time_graph_us  # noqa: E402
+from ladle.kernels import moe_router  # noqa: E402
 from ladle.kernels.moe_router import (moe_router_kernel, moe_router_logits_triton, moe_router_triton,  # noqa: E402
                                       route_from_logits, router_launch, router_logits, router_path)
 
@@ -77,17 +80,37 @@ def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
 # the epilogue sums them one after another in cdiv(T, 16) programs))
 VARIANTS = {"today": (None, None, None), "kernel": ("tf32x3", None, None), "kernel tf32x2w": ("tf32x2w", None, None),
             "kernel ieee": ("ieee", 128, None), "kernel s8": ("tf32x3", 128, 8), "kernel s16": ("tf32x3", 128, 16),
-            "kernel s32": ("tf32x3", 128, 32), "kernel ieee s32": ("ieee", 128, 32), "op": (None, None, None)}
+            "kernel s32": ("tf32x3", 128, 32), "kernel ieee s32": ("ieee", 128, 32), "op": (None, None, None),
+            "today e1": (None, 128, None), "kernel x2w e1": ("tf32x2w", 128, None)}
+# "... e1": the epilogue as before session 11 (`_router_topk_kernel` with 16 token rows per program and one split per
+# load), the rest as the variant without the suffix: the same-run baseline of the blocked epilogue.
+OLD_EPILOGUE = dict(EPILOGUE_BLOCK_T_SMALL=16, EPILOGUE_TILE_ELEMS=1)
+
+
+class old_epilogue:
+    """Context: moe_router's epilogue constants as before session 11 (read when a launch is built or captured)."""
+
+    def __enter__(self):
+        self.saved = {k: getattr(moe_router, k) for k in OLD_EPILOGUE}
+        for k, v in OLD_EPILOGUE.items():
+            setattr(moe_router, k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(moe_router, k, v)
 
 
 def path_of(name: str, T: int, x_dtype: torch.dtype) -> str:
     """The logits path a variant runs at T: "torch logits" or "triton logits <precision>" (`router_path`)."""
-    if name == "today":
+    if name in ("today", "today e1"):
         return "torch logits"
     return router_path(T, x_dtype, VARIANTS[name][0])
 
 
 def call(name: str, x, w, b, k):
+    if name.endswith(" e1"):
+        with old_epilogue():
+            return call({"today e1": "today", "kernel x2w e1": "kernel tf32x2w"}[name], x, w, b, k)
     if name == "today":
         return route_from_logits(router_logits(x, w)[None], b, k, 2.0, shared_expert=True)
     if name == "op":

@@ -46,8 +46,10 @@ the [E_P2, BLOCK_K] tile of W (fp32 as the layer stores it), accumulating [BLOCK
 range with `tl.dot` at the precision above. With SPLITS = 1 (enough row tiles to fill the GPU: T > ~4K at H200's 132
 SMs) the same program runs the routing epilogue `_route_rows` on the logit tile in registers and writes ids/weights.
 With SPLITS > 1 (fewer row tiles, e.g. 48 splits at T = 128: K is split over programs to read W in parallel) each
-program writes its fp32 partial logits to a [SPLITS, T, E] buffer and `_router_topk_kernel` (grid cdiv(T, 16)) sums
-the partials in split order (atomic-free, deterministic) and runs `_route_rows`. E_P2 = next power of two >= max(E,
+program writes its fp32 partial logits to a [SPLITS, T, E] buffer and `_router_topk_kernel` (grid cdiv(T, 4) up
+to 256 tokens, else cdiv(T, 16): `epilogue_tiles`) sums the partials, up to 16 splits per load, in a fixed order
+(atomic-free, deterministic) and runs `_route_rows`. (It summed one split per loop step until session 11: at T = 32
+two programs walked 96 dependent loads, most of the split-K launch's time.) E_P2 = next power of two >= max(E,
 16); experts E..E_P2-1 are masked (zero weights, -inf choice). The path and launch rules (`router_path`,
 `router_launch`) depend only on T, H, E and the device's SM count: no host sync, CUDA-graph capturable. Under the
 CPU interpreter the kernel's dot is exact fp32 ("ieee"), so CPU tests check the math.
@@ -84,7 +86,10 @@ OP = "moe_router"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); logits by torch below ROUTER_KERNEL_MIN_TOKENS, "
                                  "else by the kernel's tl.dot at ROUTER_LARGE_T_PRECISION")
 
-EPILOGUE_BLOCK_T = 16  # token rows per program of `_router_topk_kernel`
+EPILOGUE_BLOCK_T = 16  # token rows per program of `_router_topk_kernel` above EPILOGUE_SMALL_T tokens
+EPILOGUE_BLOCK_T_SMALL = 4  # ... and up to EPILOGUE_SMALL_T tokens (decode: 8 programs at T = 32, not 2)
+EPILOGUE_SMALL_T = 256
+EPILOGUE_TILE_ELEMS = 8192  # fp32 elements per partial-logit load of `_router_topk_kernel` (64 per thread, 4 warps)
 # The op's rule (`router_precision`), the switches an H200 A/B (benchmarks/gpu_moe_router_ab.py) flips:
 ROUTER_KERNEL_MIN_TOKENS = 128  # local tokens from which ROUTER_LARGE_T_PRECISION runs (module doc: measured)
 ROUTER_LARGE_T_PRECISION = "tf32x2w"  # the kernel's products from ROUTER_KERNEL_MIN_TOKENS tokens (module doc)
@@ -201,23 +206,35 @@ def _router_logits_kernel(
 @triton.jit
 def _router_topk_kernel(
     part_ptr, bias_ptr, ids_ptr, w_ptr, num_tokens, num_experts, num_splits, scaling,
-    BLOCK_T: tl.constexpr, E_P2: tl.constexpr, TOPK: tl.constexpr, OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
+    BLOCK_T: tl.constexpr, SPLIT_BLOCK: tl.constexpr, E_P2: tl.constexpr, TOPK: tl.constexpr,
+    OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SHARED: tl.constexpr,
 ):
-    """Sum of the fp32 partial logits part[s, t, e] over s = 0..num_splits-1 (in that order), then `_route_rows`."""
+    """Sum of the fp32 partial logits part[s, t, e] over s = 0..num_splits-1, SPLIT_BLOCK splits per load (a
+    [SPLIT_BLOCK, BLOCK_T, E_P2] tile summed over its first axis, the blocks added in split order: a fixed order,
+    so deterministic), then `_route_rows`."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = rows < num_tokens
     e = tl.arange(0, E_P2)
     e_ok = e < num_experts
     ok = t_ok[:, None] & e_ok[None, :]
     off = rows.to(tl.int64)[:, None] * num_experts + e[None, :]
+    sb = tl.arange(0, SPLIT_BLOCK)
     logit = tl.zeros([BLOCK_T, E_P2], tl.float32)
-    p = part_ptr + off
-    for _ in range(num_splits):
-        logit += tl.load(p, mask=ok, other=0.0)
-        p += num_tokens * num_experts  # next split's partials
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        s = s0 + sb
+        p = part_ptr + (s.to(tl.int64) * num_tokens * num_experts)[:, None, None] + off[None, :, :]
+        logit += tl.sum(tl.load(p, mask=(s < num_splits)[:, None, None] & ok[None, :, :], other=0.0), axis=0)
     _route_rows(logit, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, w_ptr, num_experts, scaling,
                 BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
+
+
+def epilogue_tiles(num_tokens: int, num_splits: int, e_p2: int) -> tuple[int, int]:
+    """(BLOCK_T, SPLIT_BLOCK) of `_router_topk_kernel`: EPILOGUE_BLOCK_T_SMALL token rows per program up to
+    EPILOGUE_SMALL_T tokens (more programs for the decode sizes, where the split-K partials are read by few rows),
+    else EPILOGUE_BLOCK_T; splits per load so that one load is at most EPILOGUE_TILE_ELEMS fp32 elements."""
+    block_t = EPILOGUE_BLOCK_T_SMALL if num_tokens <= EPILOGUE_SMALL_T else EPILOGUE_BLOCK_T
+    cap = max(1, EPILOGUE_TILE_ELEMS // (block_t * e_p2))
+    return block_t, min(triton.next_power_of_2(max(num_splits, 1)), 1 << (cap.bit_length() - 1))
 
 
 @dataclass(frozen=True)
@@ -299,9 +316,10 @@ def route_from_logits(partials: torch.Tensor, e_score_correction_bias: Optional[
         return ids, ws
     bias = _bias(e_score_correction_bias, E, partials)
     e_p2 = max(16, triton.next_power_of_2(E))
-    _router_topk_kernel[(triton.cdiv(T, EPILOGUE_BLOCK_T),)](
+    block_t, split_block = epilogue_tiles(T, S, e_p2)
+    _router_topk_kernel[(triton.cdiv(T, block_t),)](
         partials, bias, ids, ws, T, E, S, float(routed_scaling_factor),
-        BLOCK_T=EPILOGUE_BLOCK_T, E_P2=e_p2, TOPK=top_k, OUT_COLS=cols, OUT_P2=triton.next_power_of_2(cols),
+        BLOCK_T=block_t, SPLIT_BLOCK=split_block, E_P2=e_p2, TOPK=top_k, OUT_COLS=cols, OUT_P2=triton.next_power_of_2(cols),
         HAS_BIAS=e_score_correction_bias is not None, SHARED=shared_expert, num_warps=4,
     )
     return ids, ws
@@ -372,8 +390,8 @@ def moe_router_logits_triton(x: torch.Tensor, gate_weight: torch.Tensor, splits:
                              precision: Optional[str] = None) -> torch.Tensor:
     """The kernel's [T, E] fp32 logits alone (tests, A/B): `_router_logits_kernel` at `precision` (as
     `moe_router_kernel`'s) into a [splits, T, E] partial buffer; splits = 1 gives exactly the logits the fused
-    epilogue routes, splits > 1 their torch sum over splits (within rounding of `_router_topk_kernel`'s in-order
-    sum)."""
+    epilogue routes, splits > 1 their torch sum over splits (within rounding of `_router_topk_kernel`'s
+    fixed-order sum)."""
     T, H = x.shape
     E = gate_weight.shape[0]
     precision = router_precision(T, x.dtype, ROUTER_LARGE_T_PRECISION if precision is None else precision)

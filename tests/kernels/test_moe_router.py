@@ -326,3 +326,32 @@ def test_tf32x2w_promotion_chunks_long_k(H):
         assert rel_err(logits, l64) < 1e-6
         ids, wts = moe_router_kernel(x, w, None, 3, 2.0, splits=splits, precision="tf32x2w")
         assert _check_against_float64(x, w, None, 3, False, ids, wts) >= 5
+
+
+@pytest.mark.parametrize("S, T, E", [(37, 5, 12), (37, 300, 12), (100, 32, 128), (1, 9, 12)])
+def test_split_epilogue_sums_every_split(S, T, E):
+    """`route_from_logits` on random fp32 partials [S, T, E]: the epilogue's blocked sum (up to 16 splits per load,
+    S not a multiple of it; 4 and 16 token rows per program) gives the float64 sum's logits within fp32 rounding,
+    hence its top-k ids (where the margin is clear) and weights. Dropping or repeating one split block moves a logit
+    by ~1, far outside the bound."""
+    from ladle.kernels.moe_router import epilogue_tiles, route_from_logits
+
+    g = torch.Generator().manual_seed(S * 1000 + T)
+    parts = torch.randn(S, T, E, generator=g) * (2.0 / S ** 0.5)
+    bias = torch.randn(E, generator=g) * 0.1
+    k = 4
+    ids, wts = route_from_logits(parts, bias, k, 2.0, shared_expert=True)
+    l64 = parts.double().sum(0)
+    sig = torch.sigmoid(l64)
+    choice = sig + bias.double()
+    top = torch.sort(choice, dim=1, descending=True, stable=True)
+    margin = top.values[:, k - 1] - top.values[:, k]
+    clear = margin > 1e-5  # the sum's rounding moves a choice by < 1e-6 here
+    assert clear.sum() >= T // 2
+    assert torch.equal(ids[clear, :k].long().sort(1).values, top.indices[clear, :k].sort(1).values)
+    w64 = sig.gather(1, ids[:, :k].long())
+    w64 = w64 / w64.sum(1, keepdim=True) * 2.0
+    assert ((wts[:, :k].double() - w64).abs() <= 1e-5 * w64).all()
+    assert (ids[:, k] == E).all() and (wts[:, k] == 1.0).all()
+    bt, sb = epilogue_tiles(T, S, max(16, triton.next_power_of_2(E)))
+    assert S == 1 or (sb > 1 and S % sb != 0), (bt, sb)  # the blocked loop and its masked tail are exercised
