@@ -1,4 +1,4 @@
-"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank [--dtype bf16|mxfp8|mxfp4] [--config-only]
+"""`ladle make-checkpoint minimax-m3 --preset tiny|small|tp4-rank|tp4-rank-vp [--dtype bf16|mxfp8|mxfp4] [--config-only]
 [--num-layers N] OUT`.
 
 Writes a synthetic MiniMax-M3 checkpoint in the *release* layout (design/minimax_m3.md §1.1, §2, §5): root
@@ -39,9 +39,18 @@ from safetensors.torch import save_file
 from ladle.kernels.fp8_quant import quantize_mxfp4, quantize_mxfp8
 from ladle.tools.minimax_m3_tokenizer import write_tokenizer
 
-SHARD_BYTES = {"tiny": 300_000, "small": 200 << 20, "tp4-rank": 4 << 30}
+SHARD_BYTES = {"tiny": 300_000, "small": 200 << 20, "tp4-rank": 4 << 30, "tp4-rank-vp": 4 << 30}
 PRESET_USE = {"tiny": "CPU tests", "small": "quick GPU runs",
-              "tp4-rank": "one tensor-parallel rank of the released model, TP4; the one-GPU proxy"}
+              "tp4-rank": "one tensor-parallel rank of the released model, TP4; the one-GPU proxy",
+              "tp4-rank-vp": "tp4-rank with the rank's vocab-parallel quarter of the embedding and LM head "
+                             "(50016 rows): a TP4 rank's memory"}
+# tp4-rank-vp: a TP4 rank of vLLM / ladle holds ceil(200064 / 4) = 50016 rows of the embedding and of the LM head
+# (VocabParallelEmbedding, ParallelLMHead; design/minimax_m3.md §5.2 "vocab 200064 (or 50016 if vocab-parallel)"), not
+# the full 200064 x 6144 bf16 pair (4.9 GB): the one-GPU proxy of tp4-rank carries 3.7 GB (3.4 GiB) more weights than
+# the rank it stands for, which its KV pool loses, and an LM head 4x as large per decode step. Its tokenizer covers
+# 50016 ids (random prompts stay inside the table); the logits all-gather of the real rank is communication, left
+# out like the all-reduces.
+VOCAB_PARALLEL_TP4 = -(-200064 // 4)
 
 
 def _sparse_cfg(n: int, n_dense: int, heads: int, dim: int, block: int, topk: int) -> dict:
@@ -53,12 +62,14 @@ def _sparse_cfg(n: int, n_dense: int, heads: int, dim: int, block: int, topk: in
 
 
 def text_config(preset: str) -> dict:
-    """The release-form `text_config` of a preset (spec §5.1 tiny, §5.2 one TP4 rank; `small` for quick GPU runs)."""
+    """The release-form `text_config` of a preset (spec §5.1 tiny, §5.2 one TP4 rank, `tp4-rank-vp` the same with the
+    rank's vocab-parallel 50016 rows; `small` for quick GPU runs)."""
     p = {
         # hidden, layers, dense layers, heads, kv, head_dim, dense_inter, inter, experts, top-k, vocab, block, topk
         "tiny": (128, 4, 1, 8, 2, 32, 256, 64, 8, 2, 512, 16, 4),
         "small": (1024, 6, 2, 8, 2, 128, 2048, 512, 16, 4, 32000, 128, 16),
         "tp4-rank": (6144, 60, 3, 16, 1, 128, 3072, 768, 128, 4, 200064, 128, 16),
+        "tp4-rank-vp": (6144, 60, 3, 16, 1, 128, 3072, 768, 128, 4, VOCAB_PARALLEL_TP4, 128, 16),
     }[preset]
     hidden, n, n_dense, nh, nkv, hd, dense_i, inter, ne, k, vocab, block, topk = p
     bos, eos = (200034, 200020) if vocab > 200060 else (1, 2)

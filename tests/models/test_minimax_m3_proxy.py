@@ -157,3 +157,22 @@ def test_prefill_flops_brute_force_and_design_doc():
     assert abs((big["gemm"] - head) / 97.4e12 - 1) < 0.005
     assert abs(big["attention"] / (6.7e12 + 0.825e12) - 1) < 0.01
     assert abs(big["indexer"] / 0.49e12 - 1) < 0.02
+
+
+def test_vocab_parallel_proxy_holds_a_quarter_of_the_vocabulary(tmp_path):
+    """tp4-rank-vp differs from tp4-rank only in the vocabulary: the rank's ceil(200064 / 4) = 50016 rows of the
+    embedding and of the LM head (bos/eos inside them), i.e. 2 x 150048 x 6144 bf16 bytes (3.7 GB) fewer, and a
+    tokenizer of 50016 ids, so random prompts stay inside the table."""
+    from transformers import AutoTokenizer
+
+    from ladle.tools.checkpoint_m3 import VOCAB_PARALLEL_TP4, make_checkpoint
+
+    full, vp = text_config("tp4-rank"), text_config("tp4-rank-vp")
+    assert VOCAB_PARALLEL_TP4 == 50016 == -(-full["vocab_size"] // 4)
+    assert {k for k in full if full[k] != vp[k]} == {"vocab_size", "bos_token_id", "eos_token_id"}
+    assert max(vp["bos_token_id"], vp["eos_token_id"]) < vp["vocab_size"]
+    a = sum(p.numel() * p.element_size() for p in _meta(cut_layers(full, 4)).parameters())
+    b = sum(p.numel() * p.element_size() for p in _meta(cut_layers(vp, 4)).parameters())
+    assert a - b == 2 * (200064 - 50016) * 6144 * 2  # embed + lm_head rows, bf16
+    tok = AutoTokenizer.from_pretrained(make_checkpoint(str(tmp_path / "vp"), "tp4-rank-vp", config_only=True))
+    assert len(tok) == 50016

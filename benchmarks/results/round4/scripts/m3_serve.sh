@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Serve the M3 TP4-rank proxy (dummy weights, LAYERS layers) and drive it with `ladle bench serve` at each "C:PROMPTS"
 # point, 8192 in / 1024 out (range ratio 0.1), scraping /metrics around each point (device_idle, steps).
-# Usage: bash .carry/m3_serve.sh TAG LAYERS "C:N[:LABEL] C:N[:LABEL]" "serve extra flags"
+# Usage: [PRESET=tp4-rank-vp] bash .carry/m3_serve.sh TAG LAYERS "C:N[:LABEL] C:N[:LABEL]" "serve extra flags"
+# (PRESET: the make-checkpoint preset, default tp4-rank; session 11 adds tp4-rank-vp, the vocab-parallel rank)
 # A point's LABEL (optional) names its files c<C><LABEL>.json, so a point can repeat. With DEBUG_DUMP=1, after each
 # point: the Triton cache's cubin count (TRITON_CACHE_DIR) and a summary of /debug/steps and /debug/shapes
 # (round8/scripts/steps_summary.py) go to <TAG>/debug_c<C><LABEL>.txt.
@@ -11,8 +12,8 @@ if [ ! -d /tmp/peer/site ] && [ ! -d /tmp/site ]; then
 fi
 export PYTHONPATH=/tmp/site:/tmp/peer/site:$PWD
 TAG=$1; LAYERS=$2; POINTS=$3; EXTRA=$4
-M=/tmp/m3_tp4; PORT=8013; D=$OUT/$TAG; mkdir -p $D
-[ -f $M/config.json ] || python3 -c "from ladle.tools.checkpoint_m3 import make_checkpoint; make_checkpoint('$M','tp4-rank',config_only=True)" >/dev/null
+PRESET=${PRESET:-tp4-rank}; M=/tmp/m3_$PRESET; PORT=8013; D=$OUT/$TAG; mkdir -p $D
+[ -f $M/config.json ] || python3 -c "from ladle.tools.checkpoint_m3 import make_checkpoint; make_checkpoint('$M','$PRESET',config_only=True)" >/dev/null
 OV=$(python3 -c "import json; from ladle.tools.checkpoint_m3 import layer_overrides; print(json.dumps(layer_overrides(json.load(open('$M/config.json'))['text_config'], $LAYERS), separators=(',',':')))")
 python3 -m ladle serve $M --load-format dummy --hf-overrides "$OV" --max-model-len 11264 --max-num-seqs 128 \
   --no-enable-prefix-caching --served-model-name m --port $PORT $EXTRA > $D/server.log 2>&1 &
