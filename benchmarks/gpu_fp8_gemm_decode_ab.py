@@ -9,7 +9,9 @@ What: `fp8_gemm_triton` (128-group fp32 weight scales) at M = 1, 8, 32, 64 on th
 (the kernel before the split), 2, 4, 8 and the launcher's default (`default_split_k`); round 10 adds a few wider or
 deeper tiles at the default split ("tile BM,BN,warps,stages") and torch._scaled_mm's block-wise recipe on the same
 quantized operands ("scaled_mm": M-major activation scales, rows padded to a multiple of 4 as fp8_linear pads them,
-the first M rows kept; GEMM only, the activation quantization is outside every row). Each config: one call checked
+the first M rows kept; GEMM only, the activation quantization is outside every row). Session 11: "scaled_mm nm" and
+"default nm" take the weight scales N-minor (strides (1, N)) as the FP8 linears now store them: scaled_mm without
+its per-call transpose copy, the Triton kernel reading a column of scales per K step. Each config: one call checked
 against `fp8_gemm_ref` in float64 on the same fresh random data (relative error; expected ~1e-6, float32 summation
 order), then the CUDA-graph replay time (gpu_bench_common.time_graph_us) over R weight copies totalling >= 4x the L2
 (METHOD's rule, so the weight bytes come from HBM), and % of the copy bandwidth measured in this run over the bytes
@@ -55,6 +57,7 @@ def main() -> None:
         w = torch.randn(n, k, device=dev) / k ** 0.5
         copies = 1 if args.smoke else max(4, math.ceil(4 * L2_BYTES / (n * k)))
         weights = [quantize_fp8_rows(w * (1 + 0.01 * i)) for i in range(copies)]
+        weights_nm = [(wq, ws.t().contiguous().t()) for wq, ws in weights]  # the linears' N-minor scales (session 11)
         for m in ((1, 16) if args.smoke else (1, 8, 32, 64)):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16 if not args.smoke else torch.float32)
             a_q, a_s = act_quant_triton(x)
@@ -64,13 +67,14 @@ def main() -> None:
             a_qp, a_sp = act_quant_triton(x, m_major_scale=True, pad_rows_to=SCALED_MM_ROW_MULTIPLE)
             extra = [GemmTileConfig(16, 64, 4, 4), GemmTileConfig(16, 32, 4, 6), GemmTileConfig(16, 128, 4, 4),
                      GemmTileConfig(16, 64, 8, 4)]
-            for split in (1, 2, 4, 8, None) + tuple(extra) + (("scaled_mm",) if not args.smoke else ()):
+            nm_rows = ("default nm",) + (("scaled_mm", "scaled_mm nm") if not args.smoke else ())
+            for split in (1, 2, 4, 8, None) + tuple(extra) + nm_rows:
                 if time.monotonic() - t0 > args.time_budget_s:
                     break
                 tile_cfg = split if isinstance(split, GemmTileConfig) else None
                 use = tile_cfg or cfg
-                if split == "scaled_mm":
-                    name = "scaled_mm"
+                if isinstance(split, str):
+                    name = split
                 elif tile_cfg:
                     name = "tile " + ",".join(map(str, (use.block_m, use.block_n, use.num_warps, use.num_stages)))
                 else:
@@ -81,15 +85,16 @@ def main() -> None:
                        "tile": [use.block_m, use.block_n, use.num_warps, use.num_stages]}
 
                 def call(wq, ws, dt, ksplit=ksplit, tile_cfg=tile_cfg, split=split):
-                    if split == "scaled_mm":
+                    if split in ("scaled_mm", "scaled_mm nm"):
                         return fp8_gemm_scaled_mm(a_qp, a_sp, wq, ws, dt)[:m]
                     return fp8_gemm_triton(a_q, a_s, wq, ws, dt, config=tile_cfg, split_k=ksplit)
+                wset = weights_nm if split in ("default nm", "scaled_mm nm") else weights
                 try:
-                    w_q, w_s = weights[0]
+                    w_q, w_s = wset[0]
                     y = call(w_q, w_s, torch.float32)
                     row["rel_err"] = rel_err(y, fp8_gemm_ref(a_q, a_s, w_q, w_s, torch.float64, torch.float64))
                     if not args.smoke:
-                        fns = [lambda wq=wq, ws=ws, call=call: call(wq, ws, torch.bfloat16) for wq, ws in weights]
+                        fns = [lambda wq=wq, ws=ws, call=call: call(wq, ws, torch.bfloat16) for wq, ws in wset]
                         us = time_graph_us(fns)
                         nbytes = n * k + n * (k // 128) * 4 + m * k
                         row.update(us=us, pct_bw=100 * nbytes / (us * 1e-6) / 1e9 / bw)

@@ -3,10 +3,11 @@
 Inputs (formats in ladle/kernels/fp8_quant.py): activations a_q [M, K] float8_e4m3fn with a_scale [M, ceil(K/128)]
 float32 (per token per 128-element K group, quantized at run time by op "fp8_act_quant"); weight w_q [N, K]
 float8_e4m3fn (K contiguous, kernels_and_limits.md §5) with w_scale [N, ceil(K/128)] float32: one scale per
-output row per 128-wide K group ("row-expanded" block scales). A 128x128-block checkpoint is stored with its block
-scale repeated over the block's 128 rows (same values, so the product is unchanged); that makes merged layers
-(q|k|v, gate|up) whose pieces do not start on a 128-row boundary, and tensor-parallel row slices, exact. Cost: the
-scales add 4/128 = 3.1% to the weight bytes read (a 128-row-block variant for aligned layers is a follow-up).
+output row per 128-wide K group ("row-expanded" block scales), any strides (the FP8 linears store it N-minor,
+strides (1, N), for the scaled_mm path below). A 128x128-block checkpoint is stored with its block scale repeated
+over the block's 128 rows (same values, so the product is unchanged); that makes merged layers (q|k|v, gate|up)
+whose pieces do not start on a 128-row boundary, and tensor-parallel row slices, exact. Cost: the scales add
+4/128 = 3.1% to the weight bytes read (a 128-row-block variant for aligned layers is a follow-up).
 
 MXFP8 weights (design/minimax_m3.md §2.2) run as stored: w_scale [N, K/32] uint8 E8M0 (2^(byte - 127)), one per 32
 K elements; the kernel then steps K by 32 (BLOCK_K = the weight group) and converts the byte in registers. Keeping
@@ -31,9 +32,10 @@ row-expanded weight scales ARE 1x128 blocks of w_q, so no checkpoint change. cuB
 128-wide K block's fp32 partial product, like this kernel (the two differ by float32 summation order). Layouts
 torch checks (aten ScaledBlas.cpp `is_blockwise_1x128_scaling`): a row-major [M, K] with scale_a [M, K/128] M-major
 (strides (1, M), written so by `act_quant(..., m_major_scale=True)`); b = w_q.t() (column-major [K, N]) with
-scale_b [K/128, N] contiguous (w_scale.t().contiguous(), a per-call copy of N*K/32 bytes). cuBLAS >= 12.9 on sm_90
-only; `scaled_mm_support` tries it once per device (a 128 x 128 x 512 product checked against `fp8_gemm_ref`) and
-its failure reason is what the dispatch record shows. Eligibility: `scaled_mm_ineligible`.
+scale_b [K/128, N] contiguous = w_scale.t(), a view: `Fp8LinearMethod` stores w_scale N-minor (strides (1, N),
+ladle/quant/fp8.py), so no transpose copy of N*K/32 bytes runs per call (a row-major w_scale is still copied).
+cuBLAS >= 12.9 on sm_90 only; `scaled_mm_support` tries it once per device (a 128 x 128 x 512 product checked
+against `fp8_gemm_ref`) and its failure reason is what the dispatch record shows. Eligibility: `scaled_mm_ineligible`.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT: tl.constexpr):
 @triton.jit
 def _fp8_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, num_kb, num_akb,
-    stride_am, stride_wn, stride_ym,
+    stride_am, stride_wn, stride_wsn, stride_wsk, stride_ym,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
     SPLIT_K: tl.constexpr, KB_PER_SPLIT: tl.constexpr,
 ):
@@ -147,14 +149,14 @@ def _fp8_gemm_kernel(
     a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + kb_lo * BK + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + kb_lo * BK + offs_k[:, None]  # [BK, BN] view of [N, K]
     as_ptrs = as_ptr + offs_m.to(tl.int64) * num_akb
-    ws_ptrs = ws_ptr + offs_n.to(tl.int64) * num_kb
+    ws_ptrs = ws_ptr + offs_n.to(tl.int64) * stride_wsn  # w_scale (n, kb) at n * stride_wsn + kb * stride_wsk
     acc = tl.zeros([BM, BN], tl.float32)
     for kb in range(kb_lo, kb_hi):
         k_ok = offs_k + kb * BK < K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         a_s = tl.load(as_ptrs + kb * BK // 128, mask=m_ok, other=0.0)  # activation groups are 128 wide
-        w_s = load_weight_scale(ws_ptrs + kb, n_ok, E8M0)
+        w_s = load_weight_scale(ws_ptrs + kb * stride_wsk, n_ok, E8M0)
         acc = fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT)
         a_ptrs += BK
         w_ptrs += BK
@@ -204,7 +206,8 @@ def default_split_k(m: int, n: int, num_kb: int, cfg: GemmTileConfig, device: to
 def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                     out_dtype: torch.dtype, config: Optional[GemmTileConfig] = None,
                     split_k: Optional[int] = None) -> torch.Tensor:
-    """a_q [M, K] fp8, a_scale [M, ceil(K/128)] fp32, w_q [N, K] fp8, w_scale [N, ceil(K/128)] fp32
+    """a_q [M, K] fp8, a_scale [M, ceil(K/128)] fp32 contiguous, w_q [N, K] fp8 (K contiguous), w_scale
+    [N, ceil(K/128)] fp32 (MXFP8: uint8 [N, K/32]) of any strides (row-major, or the linears' N-minor (1, N))
     -> y [M, N] in out_dtype. No host sync; grid from shapes only. split_k: programs per (M, N) tile over the K
     groups (None: `default_split_k`); with split_k > 1 the partials go to fp32 scratch and the last program of each
     tile sums them in split order, using (and leaving zero) the counters `split_counters("fp8_gemm", ...)` (the
@@ -215,7 +218,7 @@ def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
     num_kb = triton.cdiv(k, w_group)
     assert kw == k and a_q.dtype == w_q.dtype == FP8_DTYPE, f"a {tuple(a_q.shape)} w {tuple(w_q.shape)}"
     assert a_scale.shape == (m, triton.cdiv(k, GROUP)) and w_scale.shape == (n, num_kb)
-    assert a_scale.dtype == torch.float32 and a_scale.is_contiguous() and w_scale.is_contiguous()
+    assert a_scale.dtype == torch.float32 and a_scale.is_contiguous()  # w_scale: read through its strides
     assert a_q.stride(1) == 1 and w_q.stride(1) == 1
     y = torch.empty((m, n), dtype=out_dtype, device=a_q.device)
     if m == 0:
@@ -233,8 +236,9 @@ def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
     else:
         part = counters = y  # unused
     _fp8_gemm_kernel[grid](a_q, a_scale, w_q, w_scale, y, part, counters, m, n, k, num_kb, a_scale.shape[1],
-                           a_q.stride(0), w_q.stride(0), y.stride(0), BM=cfg.block_m, BN=cfg.block_n, BK=w_group,
-                           E8M0=e8m0, F32_DOT=interpreting(), SPLIT_K=split_k, KB_PER_SPLIT=per,
+                           a_q.stride(0), w_q.stride(0), w_scale.stride(0), w_scale.stride(1), y.stride(0),
+                           BM=cfg.block_m, BN=cfg.block_n, BK=w_group, E8M0=e8m0, F32_DOT=interpreting(),
+                           SPLIT_K=split_k, KB_PER_SPLIT=per,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
@@ -268,8 +272,12 @@ def fp8_gemm_scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tens
     """The "scaled_mm" path (module doc): a_q [M, K] fp8 row-major, a_scale [M, K/128] float32 M-major (strides
     (1, M)), w_q [N, K] fp8, w_scale [N, K/128] float32 -> y [M, N] in out_dtype, by torch._scaled_mm's (1x128,
     1x128) recipe. M a multiple of SCALED_MM_ROW_MULTIPLE (cuBLASLt; `fp8_linear` pads). Checks no eligibility
-    (`scaled_mm_ineligible` does)."""
-    return torch._scaled_mm(a_q, w_q.t(), a_scale, w_scale.t().contiguous(), out_dtype=out_dtype)
+    (`scaled_mm_ineligible` does). scale_b = w_scale.t() [K/128, N] must be contiguous: a view for the linears'
+    N-minor w_scale (strides (1, N)), a per-call copy for a row-major one."""
+    scale_b = w_scale.t()
+    if not scale_b.is_contiguous():
+        scale_b = scale_b.contiguous()
+    return torch._scaled_mm(a_q, w_q.t(), a_scale, scale_b, out_dtype=out_dtype)
 
 
 _SCALED_MM_SUPPORT: dict[int, Optional[str]] = {}  # CUDA device index -> None (works) or why not

@@ -3,6 +3,10 @@
 Storage of every FP8 weight (the kernels' layout, ladle/kernels/fp8_gemm.py): `X` float8_e4m3fn [rows, K] and
 `X_scale_inv` float32 [rows, ceil(K/128)] — one multiplier per output row per 128-wide K group (a 128x128 block
 scale repeated over its rows). `X_scale_inv` keeps the HF block-FP8 name (`weight_scale_inv`), a multiplier.
+A linear's float32 `weight_scale_inv` is stored N-minor (strides (1, rows): the transpose of a contiguous
+[ceil(K/128), rows] tensor), so its transpose is the contiguous scale_b torch._scaled_mm reads without a per-call
+copy. Shape and values are the row-major ones; every loader writes it through copy_. MXFP8 and MoE scales are
+row-major.
 
 Two ways in (`Fp8Config.from_checkpoint`):
   mxfp8       the MiniMax-M3 MXFP8 release (design/minimax_m3.md §2.2): weights and uint8 E8M0 [N, K/32] scales kept
@@ -69,6 +73,12 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
+def _n_minor_param(rows: int, cols: int, dtype: torch.dtype, device) -> nn.Parameter:
+    """[rows, cols] parameter with strides (1, rows) (a transposed view of a contiguous [cols, rows] tensor): `.t()`
+    is contiguous, the scale_b layout torch._scaled_mm takes without a per-call transpose copy (fp8_gemm.py)."""
+    return nn.Parameter(torch.empty(cols, rows, dtype=dtype, device=device).t(), requires_grad=False)
+
+
 def _quantize_into(w_q: nn.Parameter, scale: nn.Parameter, values: torch.Tensor, mx: bool = False) -> None:
     """Quantize float `values` (w_q's shape) per 128x128 block (mx: MXFP8 1x32 E8M0) into w_q / scale (per
     expert for a 3-D table)."""
@@ -122,12 +132,15 @@ class Fp8LinearMethod:
 
     def create_weights(self, layer: nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
                        params_dtype: torch.dtype, device, weight_loader, shard_dim: Optional[int]) -> None:
-        """Register `layer.weight` fp8 [N, K] and `layer.weight_scale_inv` fp32 [N, ceil(K/128)] (MXFP8: uint8
-        [N, K/32])."""
+        """Register `layer.weight` fp8 [N, K] and `layer.weight_scale_inv` fp32 [N, ceil(K/128)] with strides
+        (1, N) (module doc; MXFP8: uint8 [N, K/32], contiguous)."""
         n, k = sum(output_partition_sizes), input_size_per_partition
         group, scale_dtype = self.config.scale_format()
         weight = _param((n, k), FP8_DTYPE, device)
-        scale = _param((n, -(-k // group)), scale_dtype, device)
+        if scale_dtype == torch.float32:
+            scale = _n_minor_param(n, -(-k // group), scale_dtype, device)
+        else:
+            scale = _param((n, -(-k // group)), scale_dtype, device)
         set_weight_loader(weight, weight_loader, shard_dim)
         set_weight_loader(scale, _scale_loader(layer, weight_loader, shard_dim, group), shard_dim)
         if not self.config.from_checkpoint:

@@ -90,6 +90,34 @@ def test_fp8_linear_scaled_mm_path_layout_and_record(emulated_scaled_mm):
     assert ops["fp8_gemm"]["buckets"]["T<=16"] == {"configured": 0, "eligible": 1, "executed": 0, "calls": 1}
 
 
+def test_scaled_mm_scale_b_is_a_view_of_n_minor_linear_scales(emulated_scaled_mm, monkeypatch):
+    """An FP8 linear's weight_scale_inv (N-minor, ladle/quant/fp8.py) reaches torch._scaled_mm as scale_b = its
+    transpose, a view of the same storage (no per-call copy); a row-major w_scale still works through a contiguous
+    copy. Both give the reference path's output."""
+    from ladle.layers.linear import RowParallelLinear
+    from ladle.layers.quant_slot import quant_config_scope
+    from ladle.quant.fp8 import Fp8Config
+
+    seen = []
+    emulate = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda a, b, sa, sb, **kw: seen.append(sb) or emulate(a, b, sa, sb, **kw))
+    with quant_config_scope(Fp8Config()):
+        layer = RowParallelLinear(256, 48)
+    w = torch.randn(48, 256)
+    layer.weight.weight_loader(layer.weight, w)
+    x = torch.randn(8, 256) * torch.logspace(-2, 1, 256)
+    w_s = layer.weight_scale_inv
+    y = fp8_linear(x, layer.weight, w_s, use_triton=True)  # what Fp8LinearMethod.apply runs with the fast kernels
+    assert len(seen) == 1 and seen[0].shape == (2, 48) and seen[0].is_contiguous()
+    assert seen[0].data_ptr() == w_s.data_ptr() and seen[0].stride() == (48, 1)
+    w_q, w_s_rows = quantize_fp8_rows(w)
+    assert w_s_rows.is_contiguous() and torch.equal(w_s_rows, w_s)
+    y_rows = fp8_linear(x, w_q, w_s_rows, use_triton=True)
+    assert len(seen) == 2 and seen[1].is_contiguous() and seen[1].data_ptr() != w_s_rows.data_ptr()
+    ref = fp8_linear(x, w_q, w_s_rows, use_triton=False)
+    assert torch.equal(y, y_rows) and _rel(y, ref) < 1e-5
+
+
 @pytest.mark.parametrize("quant", [act_quant_ref, act_quant_triton], ids=["ref", "triton"])
 def test_act_quant_pad_rows(quant):
     """pad_rows_to: the first M rows are the unpadded quantization byte for byte; the added rows are zeros with

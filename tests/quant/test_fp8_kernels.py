@@ -101,6 +101,25 @@ def test_fp8_gemm_split_k_against_float64(m, n, k, split_k, quantize):
     assert int(split_counters("fp8_gemm", torch.device("cpu"), 1).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fp8_gemm_n_minor_weight_scales(split_k):
+    """w_scale is read through its strides: the N-minor layout of the linears' scales (strides (1, N), the
+    transpose of a contiguous [K/128, N]) gives the row-major result bit for bit, within the float64 budget. K groups
+    of very different ranges, so a scale read at the wrong (n, kb) shows."""
+    m, n, k = 7, 72, 256
+    x, w = torch.randn(m, k), torch.randn(n, k) * torch.logspace(-2, 2, k) / k ** 0.5
+    a_q, a_s = act_quant_ref(x)
+    w_q, w_s = quantize_fp8_rows(w)
+    w_s_nm = w_s.t().contiguous().t()
+    assert w_s_nm.stride() == (1, n) and w_s.stride() == (2, 1) and torch.equal(w_s_nm, w_s)
+    cfg = GemmTileConfig(16, 32, 4, 2)
+    y = fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.float32, config=cfg, split_k=split_k)
+    y_nm = fp8_gemm_triton(a_q, a_s, w_q, w_s_nm, torch.float32, config=cfg, split_k=split_k)
+    assert torch.equal(y_nm, y)
+    assert _rel(y_nm, fp8_gemm_ref(a_q, a_s, w_q, w_s_nm, torch.float64, torch.float64)) < 1e-5
+    assert _rel(y_nm, x.double() @ w.double().T) < 0.08
+
+
 def test_fp8_gemm_default_split_k_rule():
     """Split only at decode sizes, from shape constants: a power of two, <= 8, >= 12 K groups per split."""
     from ladle.kernels.fp8_gemm import SPLIT_K_MAX_M, default_split_k

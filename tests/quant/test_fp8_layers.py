@@ -77,6 +77,73 @@ def test_online_quantization_through_the_loaders():
     assert _rel(m.o_proj(x), x.double() @ ckpt["o_proj.weight"].double().T) < 0.08
 
 
+def _n_minor(scale):
+    """A float32 scale [N, G] laid out N-minor: strides (1, N), its transpose contiguous (not row-major)."""
+    n, g = scale.shape
+    return scale.dtype == torch.float32 and scale.stride() == (1, n) and scale.t().is_contiguous() and g > 1
+
+
+def test_linear_scales_n_minor_through_every_loader():
+    """Fp8LinearMethod makes a linear's float32 weight_scale_inv N-minor (its transpose is torch._scaled_mm's scale_b
+    with no per-call copy); MXFP8's uint8 scales stay row-major. Every way in (HF block-FP8 checkpoint incl. a
+    tensor-parallel rank, online quantization through the loaders, dummy init_from_float) writes into that storage
+    (same data_ptr, same strides afterwards) the values quantize_fp8_rows gives for the same float weight (the
+    checkpoint: per piece, as stored)."""
+    ckpt = _float_ckpt(3)
+    merged = torch.cat([ckpt[f"{c}_proj.weight"] for c in "qkv"])
+    o_rows = quantize_fp8_rows(ckpt["o_proj.weight"])
+    want_float = {"qkv_proj": quantize_fp8_rows(merged), "o_proj": o_rows}
+    per_piece = [quantize_fp8_rows(ckpt[f"{c}_proj.weight"]) for c in "qkv"]
+    want_hf = {"qkv_proj": tuple(torch.cat(t) for t in zip(*per_piece)), "o_proj": o_rows}
+    hf = {}
+    for name, w in ckpt.items():
+        hf[name], hf[name + "_scale_inv"] = quantize_block_fp8(w)
+
+    def check(m, want):
+        for layer_name, (q, s) in want.items():
+            layer = getattr(m, layer_name)
+            assert _n_minor(layer.weight_scale_inv) and layer.weight_scale_inv.data_ptr() == ptrs[layer_name]
+            assert torch.equal(layer.weight_scale_inv, s)
+            assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8))
+
+    for config, fill in ((Fp8Config(), "online"), (Fp8Config(), "dummy"), (Fp8Config(from_checkpoint=True), "hf")):
+        with quant_config_scope(config):
+            m = _Tiny()
+        ptrs = {name: getattr(m, name).weight_scale_inv.data_ptr() for name in want_float}
+        assert all(_n_minor(getattr(m, name).weight_scale_inv) for name in want_float)
+        if fill == "online":
+            load_weights_by_table(m, list(ckpt.items()), TABLE)
+        elif fill == "dummy":
+            m.qkv_proj.weight.init_from_float(merged)
+            m.o_proj.weight.init_from_float(ckpt["o_proj.weight"])
+        else:
+            load_weights_by_table(m, list(hf.items()), TABLE)
+        check(m, want_hf if fill == "hf" else want_float)
+
+    # tensor-parallel rank 1 of 2 (rows of q|k|v, 128-groups of o_proj's K), checkpoint path
+    with quant_config_scope(Fp8Config(from_checkpoint=True)):
+        qkv = QKVParallelLinear(256, 64, 4, 2, tp_rank=1, tp_size=2)
+        o = RowParallelLinear(512, 136, tp_rank=1, tp_size=2)
+    ptr_qkv, ptr_o = qkv.weight_scale_inv.data_ptr(), o.weight_scale_inv.data_ptr()
+    g = torch.Generator().manual_seed(4)
+    pieces = {"q": torch.randn(256, 256, generator=g), "k": torch.randn(128, 256, generator=g),
+              "v": torch.randn(128, 256, generator=g)}
+    for sid, w in pieces.items():
+        qkv.weight_scale_inv.weight_loader(qkv.weight_scale_inv, quantize_block_fp8(w)[1], sid)
+    w_o = torch.randn(136, 512, generator=g)
+    o.weight_scale_inv.weight_loader(o.weight_scale_inv, quantize_block_fp8(w_o)[1])
+    assert _n_minor(qkv.weight_scale_inv) and qkv.weight_scale_inv.data_ptr() == ptr_qkv
+    assert _n_minor(o.weight_scale_inv) and o.weight_scale_inv.data_ptr() == ptr_o
+    rank_rows = torch.cat([quantize_fp8_rows(w)[1][w.shape[0] // 2:] for w in pieces.values()])
+    assert torch.equal(qkv.weight_scale_inv, rank_rows)
+    assert torch.equal(o.weight_scale_inv, quantize_fp8_rows(w_o)[1][:, 2:])
+
+    with quant_config_scope(Fp8Config(from_checkpoint=True, mx=True)):
+        mx = RowParallelLinear(256, 64)
+    assert mx.weight_scale_inv.dtype == torch.uint8 and mx.weight_scale_inv.is_contiguous()
+    assert mx.weight_scale_inv.shape == (64, 8)
+
+
 def _moe(config):
     with quant_config_scope(config):
         moe = FusedMoE(136, 4, 2, 160, shared_intermediate_size=160, routed_scaling_factor=2.0)
