@@ -65,9 +65,12 @@ dispatch.register(OP_SCALED_MM, "scaled_mm", "asked for at M >= SCALED_MM_MIN_TO
 # scaled_mm 1.18-1.77x the Triton kernel at M = 128, 1.23-1.67x at 1024, 1.58-1.89x at 8192 on the six TP4-rank
 # shapes. Round 10 call 5 (benchmarks/gpu_fp8_gemm_decode_ab.py, results/round10/call5; the GEMM with the per-call
 # scale transpose, against the Triton kernel at its default split): qkv 2688 x 6144 / o_proj 6144 x 2048 at M = 64
-# 1.77x / 1.60x, at M = 32 1.10x / 1.10x, at M = 8 0.81x / 1.00x, at M = 1 0.80x / 0.94x. So from 17 tokens (decode
-# batches of 24 and more); the Triton kernel below.
-SCALED_MM_MIN_TOKENS = 17
+# 1.77x / 1.60x, at M = 32 1.10x / 1.10x, at M = 8 0.81x / 1.00x, at M = 1 0.80x / 0.94x: then from 17 tokens.
+# Session 11 call 1 (same script, results/round11/call1): with the linears' N-minor scales (no per-call transpose)
+# scaled_mm against the Triton default: qkv 10.1 / 9.9 / 10.8 / 10.1 us vs 10.2 / 10.1 / 14.2 / 23.0 at M = 1 / 8 /
+# 32 / 64, o_proj 6.4 / 6.6 / 6.7 / 7.2 vs 8.2 / 8.7 / 10.0 / 15.0: at every decode size. So every M; the Triton
+# kernel keeps MXFP8, non-sm_90 devices and shapes scaled_mm refuses (`scaled_mm_ineligible`).
+SCALED_MM_MIN_TOKENS = 1
 # cuBLASLt's block-wise recipe wants the M-major scale_a columns 16-byte aligned: M a multiple of 4 (an M of 4k + 2
 # fails with CUBLAS_STATUS_NOT_SUPPORTED, round 7's gpu_fp8_gemm_ab.py). `fp8_linear` quantizes into rows padded to
 # this multiple (zeros, scale 1; `act_quant` pad_rows_to) and keeps the first M output rows, instead of sending the
