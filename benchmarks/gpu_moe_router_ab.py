@@ -26,7 +26,10 @@ its `_router_topk_kernel` pass (96 splits at T = 1 and 32), so a gap between "ke
 the dot, and what both keep over ~1 us (3 MB of W at copy bandwidth) is the launch and the split sum. Session 11:
 "today e1" and "kernel x2w e1" (T <= 128) run "today" / "kernel tf32x2w" with the epilogue as it was before (16
 token rows per program, one split per load: two programs walk 96 dependent loads at T = 32): the same-run baseline
-of the blocked epilogue (4 rows per program up to 256 tokens, up to 16 splits per load).
+of the blocked epilogue (4 rows per program up to 256 tokens, up to 16 splits per load). "small x2w" / "small ieee"
+(T <= 64): `moe_router_small_t`, one launch of 8 expert blocks x 12 K splits with two-level arrival counters (the
+last split of a block sums its partials, the last block routes): the candidate for ROUTER_SMALL_T_PRECISION (its
+"logit rel" column is the split-K kernel's at the same precision: the one-launch kernel keeps its logits inside).
 Checks, on fresh random data per T (x ~ N(0,1), W ~ N(0, 1/H) so logits ~ N(0,1), bias ~ N(0, 0.1^2)): the logits'
 relative error against a float64 reference (the logits of the path the variant runs: torch's fp32 logits, or the
 kernel's own via `moe_router_logits_triton` with the same splits), the ids that equal the float64 reference's top-4
@@ -55,7 +58,7 @@ import torch  # noqa: E402
 sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import L2_BYTES, measure_copy_bandwidth, rel_err, time_graph_us  # noqa: E402
 from ladle.kernels import moe_router  # noqa: E402
-from ladle.kernels.moe_router import (moe_router_kernel, moe_router_logits_triton, moe_router_triton,  # noqa: E402
+from ladle.kernels.moe_router import (moe_router_kernel, moe_router_small_t, moe_router_logits_triton, moe_router_triton,  # noqa: E402
                                       route_from_logits, router_launch, router_logits, router_path)
 
 FULL = dict(h=6144, e=128, k=4, tokens=(8192, 1, 32, 128), device="cuda")  # prefill first: the budget cuts last
@@ -81,7 +84,8 @@ def make_sets(s: dict, T: int, R: int, seed: int) -> list[tuple]:
 VARIANTS = {"today": (None, None, None), "kernel": ("tf32x3", None, None), "kernel tf32x2w": ("tf32x2w", None, None),
             "kernel ieee": ("ieee", 128, None), "kernel s8": ("tf32x3", 128, 8), "kernel s16": ("tf32x3", 128, 16),
             "kernel s32": ("tf32x3", 128, 32), "kernel ieee s32": ("ieee", 128, 32), "op": (None, None, None),
-            "today e1": (None, 128, None), "kernel x2w e1": ("tf32x2w", 128, None)}
+            "today e1": (None, 128, None), "kernel x2w e1": ("tf32x2w", 128, None),
+            "small x2w": ("tf32x2w", 64, None), "small ieee": ("ieee", 64, None)}
 # "... e1": the epilogue as before session 11 (`_router_topk_kernel` with 16 token rows per program and one split per
 # load), the rest as the variant without the suffix: the same-run baseline of the blocked epilogue.
 OLD_EPILOGUE = dict(EPILOGUE_BLOCK_T_SMALL=16, EPILOGUE_TILE_ELEMS=1)
@@ -111,6 +115,8 @@ def call(name: str, x, w, b, k):
     if name.endswith(" e1"):
         with old_epilogue():
             return call({"today e1": "today", "kernel x2w e1": "kernel tf32x2w"}[name], x, w, b, k)
+    if name.startswith("small "):
+        return moe_router_small_t(x, w, b, k, 2.0, shared_expert=True, precision=VARIANTS[name][0])
     if name == "today":
         return route_from_logits(router_logits(x, w)[None], b, k, 2.0, shared_expert=True)
     if name == "op":
@@ -147,6 +153,7 @@ def run_T(s: dict, T: int, bw: float, deadline: float, smoke: bool) -> None:
             continue
         cfg, path = router_launch(T, s["h"], s["e"], x.device, splits), path_of(name, T, x.dtype)
         row = dict(variant=name, T=T, H=s["h"], E=s["e"], R=R, cfg="torch" if path == "torch logits" else
+                   f"{path.split()[-1]} one launch" if name.startswith("small ") else
                    f"{path.split()[-1]} {cfg.block_t}/{cfg.block_k}/{cfg.splits}")
         if time.time() > deadline:
             ROWS.append(dict(row, error="skipped: time budget"))

@@ -13,7 +13,10 @@ MoE table) and weight exactly 1.0 — never renormalised, never scaled (kernels_
 Paths, by the local token count T (`router_precision` / `router_path`; the dispatch record names the one that ran):
   T <  ROUTER_KERNEL_MIN_TOKENS (128): ROUTER_SMALL_T_PRECISION, today None: "torch logits" — `router_logits`
       (cuBLAS IEEE fp32 GEMM, TF32 off, on an fp32 copy of x), then `route_from_logits` (`_router_topk_kernel`, the
-      routing epilogue); "ieee" would run the kernel below instead ("triton logits ieee");
+      routing epilogue); a precision there runs, up to SMALL_T_MAX_TOKENS (64), "triton small-t <precision>"
+      (`moe_router_small_t`: `_router_small_t_kernel`, ONE launch of expert blocks x K splits whose arrival counters
+      let the last split of each block sum its partials and the last block route, instead of the cuBLAS GEMM, its
+      split-K reduce, the x copy and the epilogue launch), above 64 the kernel below ("triton logits <precision>");
   T >= 128: "triton logits <ROUTER_LARGE_T_PRECISION>", today "tf32x2w" (tf32x3 for a float32 x) —
       `moe_router_kernel`, x read in its own dtype, tensor-core dot, routing fused.
 The kernel's products (PRECISIONS; `precision=` of `moe_router_triton` / `moe_router_kernel` forces one at any T):
@@ -79,6 +82,7 @@ from typing import Optional
 import torch
 
 from ladle.kernels._common import decide_triton, interpreting, num_sms, triton_ok, tl, triton
+from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -99,6 +103,14 @@ ROUTER_LARGE_T_PRECISION = "tf32x2w"  # the kernel's products from ROUTER_KERNEL
 # chains 1.8e-6.
 TF32X2W_PROMOTE_K = 512
 ROUTER_SMALL_T_PRECISION: Optional[str] = None  # below it: None = torch logits; "ieee" = the kernel's split K (A/B)
+# The one-launch small-T kernel (`moe_router_small_t`): runs the op's rule below ROUTER_KERNEL_MIN_TOKENS when
+# ROUTER_SMALL_T_PRECISION is set and T <= SMALL_T_MAX_TOKENS; programs (expert block of SMALL_T_EXPERT_BLOCK, K split
+# of SMALL_T_K_CHUNK): 8 x 12 = 96 at H 6144, E 128.
+SMALL_T_MAX_TOKENS = 64
+SMALL_T_EXPERT_BLOCK = 16
+SMALL_T_K_CHUNK = 512  # <= TF32X2W_PROMOTE_K: one tensor-core accumulation chain per program
+SMALL_T_BLOCK_K = 64
+COUNTER_KEY = "moe_router_small_t"
 PRECISIONS = ("tf32x3", "tf32x2w", "ieee")  # the kernel's product precisions (module doc)
 _DOT_INPUT = {"tf32x3": "tf32x3", "tf32x2w": "tf32", "ieee": "ieee"}  # tl.dot input_precision of each (GPU)
 
@@ -228,6 +240,61 @@ def _router_topk_kernel(
                 BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
 
 
+@triton.jit
+def _router_small_t_kernel(
+    x_ptr, w_ptr, bias_ptr, part_ptr, logit_ptr, cnt_ptr, ids_ptr, wts_ptr,
+    num_tokens, hidden, num_experts, stride_xt, stride_we, scaling,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EB: tl.constexpr, E_P2: tl.constexpr, K_CHUNK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, S_P2: tl.constexpr, NUM_EB: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT_W: tl.constexpr, TOPK: tl.constexpr, OUT_COLS: tl.constexpr, OUT_P2: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SHARED: tl.constexpr,
+):
+    """Small-T router in one launch, program (expert block eb, split s): the partial logits of all (<= BLOCK_T)
+    tokens x experts [eb EB, (eb + 1) EB) over K range [s K_CHUNK, (s + 1) K_CHUNK) (one tensor-core chain of at
+    most TF32X2W_PROMOTE_K, products as `_router_logits_kernel`'s) -> part[s, t, e]; the last split program of
+    block eb (arrival counter cnt[eb]) sums the NUM_SPLITS partials of its [T, EB] slab in a fixed order into
+    logit[t, e]; the last block to finish (counter cnt[NUM_EB]) routes the whole [T, E] logit tile (`_route_rows`).
+    Counters zero at rest (split_counters.py)."""
+    eb = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_T)
+    t_ok = rows < num_tokens
+    e = eb * EB + tl.arange(0, EB)
+    e_ok = e < num_experts
+    kk = tl.arange(0, BLOCK_K)
+    k0 = split * K_CHUNK
+    k_end = tl.minimum(k0 + K_CHUNK, hidden)
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
+    w_rows = w_ptr + e.to(tl.int64)[:, None] * stride_we
+    c_hi = tl.zeros([BLOCK_T, EB], tl.float32)
+    c_lo = tl.zeros([BLOCK_T, EB], tl.float32)
+    for k in range(k0, k_end, BLOCK_K):
+        xt, wt = _k_tiles(x_rows, w_rows, k + kk, k_end, t_ok, e_ok, False)
+        if SPLIT_W:
+            w_hi, w_lo = _tf32_split(wt.to(tl.float32))
+            c_hi = tl.dot(xt.to(tl.float32), tl.trans(w_hi), c_hi, input_precision=DOT_PRECISION)
+            c_lo = tl.dot(xt.to(tl.float32), tl.trans(w_lo), c_lo, input_precision=DOT_PRECISION)
+        else:
+            c_hi = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), c_hi, input_precision=DOT_PRECISION)
+    tile = rows.to(tl.int64)[:, None] * num_experts + e[None, :]
+    ok = t_ok[:, None] & e_ok[None, :]
+    tl.store(part_ptr + split.to(tl.int64) * num_tokens * num_experts + tile, c_hi + c_lo, mask=ok)
+    if arrive(cnt_ptr + eb, NUM_SPLITS):
+        sp = tl.arange(0, S_P2)
+        parts = tl.load(part_ptr + (sp.to(tl.int64) * num_tokens * num_experts)[:, None, None] + tile[None, :, :],
+                        mask=(sp < NUM_SPLITS)[:, None, None] & ok[None, :, :], other=0.0, cache_modifier=".cg")
+        tl.store(logit_ptr + tile, tl.sum(parts, axis=0), mask=ok)
+        release(cnt_ptr + eb)
+        if arrive(cnt_ptr + NUM_EB, NUM_EB):
+            ea = tl.arange(0, E_P2)
+            ea_ok = ea < num_experts
+            full = tl.load(logit_ptr + rows.to(tl.int64)[:, None] * num_experts + ea[None, :],
+                           mask=t_ok[:, None] & ea_ok[None, :], other=0.0, cache_modifier=".cg")
+            _route_rows(full, rows, t_ok, ea, ea_ok, bias_ptr, ids_ptr, wts_ptr, num_experts, scaling,
+                        BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
+            release(cnt_ptr + NUM_EB)
+
+
 def epilogue_tiles(num_tokens: int, num_splits: int, e_p2: int) -> tuple[int, int]:
     """(BLOCK_T, SPLIT_BLOCK) of `_router_topk_kernel`: EPILOGUE_BLOCK_T_SMALL token rows per program up to
     EPILOGUE_SMALL_T tokens (more programs for the decode sizes, where the split-K partials are read by few rows),
@@ -264,11 +331,21 @@ def router_precision(num_tokens: int, x_dtype: torch.dtype, precision: Optional[
     return precision
 
 
+def small_t_kernel_runs(num_tokens: int, precision: Optional[str] = None) -> bool:
+    """True when the op's rule (`precision` None) runs the one-launch small-T kernel at `num_tokens`: below
+    ROUTER_KERNEL_MIN_TOKENS with ROUTER_SMALL_T_PRECISION set, up to SMALL_T_MAX_TOKENS."""
+    return (precision is None and ROUTER_SMALL_T_PRECISION is not None
+            and 0 < num_tokens <= min(SMALL_T_MAX_TOKENS, ROUTER_KERNEL_MIN_TOKENS - 1))
+
+
 def router_path(num_tokens: int, x_dtype: torch.dtype, precision: Optional[str] = None) -> str:
-    """The path `router_precision` picks (module doc), as the dispatch record names it: "torch logits", or
-    "triton logits <precision>" (e.g. "triton logits tf32x3")."""
+    """The path `router_precision` picks (module doc), as the dispatch record names it: "torch logits",
+    "triton small-t <precision>" (`small_t_kernel_runs`) or "triton logits <precision>" (e.g. "triton logits
+    tf32x3")."""
     resolved = router_precision(num_tokens, x_dtype, precision)
-    return "torch logits" if resolved is None else f"triton logits {resolved}"
+    if resolved is None:
+        return "torch logits"
+    return f"triton {'small-t' if small_t_kernel_runs(num_tokens, precision) else 'logits'} {resolved}"
 
 
 def router_launch(num_tokens: int, hidden: int, num_experts: int, device: torch.device,
@@ -319,8 +396,8 @@ def route_from_logits(partials: torch.Tensor, e_score_correction_bias: Optional[
     block_t, split_block = epilogue_tiles(T, S, e_p2)
     _router_topk_kernel[(triton.cdiv(T, block_t),)](
         partials, bias, ids, ws, T, E, S, float(routed_scaling_factor),
-        BLOCK_T=block_t, SPLIT_BLOCK=split_block, E_P2=e_p2, TOPK=top_k, OUT_COLS=cols, OUT_P2=triton.next_power_of_2(cols),
-        HAS_BIAS=e_score_correction_bias is not None, SHARED=shared_expert, num_warps=4,
+        BLOCK_T=block_t, SPLIT_BLOCK=split_block, E_P2=e_p2, TOPK=top_k, OUT_COLS=cols,
+        OUT_P2=triton.next_power_of_2(cols), HAS_BIAS=e_score_correction_bias is not None, SHARED=shared_expert, num_warps=4,
     )
     return ids, ws
 
@@ -341,6 +418,9 @@ def moe_router_triton(
     that precision. `precision` None = the op's rule; one of PRECISIONS forces the kernel at any T. Other arguments
     and returns as `moe_router_kernel`."""
     resolved = router_precision(x.shape[0], x.dtype, precision)
+    if resolved is not None and small_t_kernel_runs(x.shape[0], precision):
+        return moe_router_small_t(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor,
+                                  shared_expert, precision=resolved)
     if resolved is not None:
         return moe_router_kernel(x, gate_weight, e_score_correction_bias, top_k, routed_scaling_factor, shared_expert,
                                  precision=resolved)
@@ -383,6 +463,45 @@ def moe_router_kernel(
     ws = torch.empty((T, cols), dtype=torch.float32, device=x.device)
     _launch_logits(x, gate_weight, cfg, precision, (ids, ws), e_score_correction_bias, top_k, routed_scaling_factor,
                    shared_expert)
+    return ids, ws
+
+
+def moe_router_small_t(
+    x: torch.Tensor, gate_weight: torch.Tensor, e_score_correction_bias: Optional[torch.Tensor], top_k: int,
+    routed_scaling_factor: float = 1.0, shared_expert: bool = False, *, precision: str = "tf32x2w",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-launch small-T path (`_router_small_t_kernel`, T <= SMALL_T_MAX_TOKENS) at `precision` (one of
+    PRECISIONS; "tf32x2w" on a float32 x runs "tf32x3"). Arguments and returns as `moe_router_kernel`. Scratch:
+    [K splits, T, E] partials and [T, E] logits (fp32), the counters of `split_counters(COUNTER_KEY)` (the first call
+    on a device must be eager: it may allocate)."""
+    precision = router_precision(x.shape[0], x.dtype, precision)
+    assert precision is not None and x.dim() == 2 and gate_weight.dim() == 2 and x.shape[1] == gate_weight.shape[1]
+    T, H = x.shape
+    E = gate_weight.shape[0]
+    assert 1 <= top_k <= E and T <= SMALL_T_MAX_TOKENS, (T, top_k, E)
+    cols = top_k + int(shared_expert)
+    ids = torch.empty((T, cols), dtype=torch.int32, device=x.device)
+    ws = torch.empty((T, cols), dtype=torch.float32, device=x.device)
+    if T == 0:
+        return ids, ws
+    x = x if x.stride(1) == 1 else x.contiguous()
+    gate_weight = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
+    e_p2 = max(16, triton.next_power_of_2(E))
+    num_eb = triton.cdiv(E, SMALL_T_EXPERT_BLOCK)
+    splits = triton.cdiv(H, SMALL_T_K_CHUNK)
+    part = torch.empty((splits, T, E), dtype=torch.float32, device=x.device)
+    logits = torch.empty((T, E), dtype=torch.float32, device=x.device)
+    counters = split_counters(COUNTER_KEY, x.device, num_eb + 1)
+    block_t = max(16, triton.next_power_of_2(T))
+    _router_small_t_kernel[(num_eb, splits)](
+        x, gate_weight, _bias(e_score_correction_bias, E, gate_weight), part, logits, counters, ids, ws,
+        T, H, E, x.stride(0), gate_weight.stride(0), float(routed_scaling_factor),
+        BLOCK_T=block_t, BLOCK_K=SMALL_T_BLOCK_K, EB=SMALL_T_EXPERT_BLOCK, E_P2=e_p2, K_CHUNK=SMALL_T_K_CHUNK,
+        NUM_SPLITS=splits, S_P2=triton.next_power_of_2(splits), NUM_EB=num_eb,
+        DOT_PRECISION="ieee" if interpreting() else _DOT_INPUT[precision], SPLIT_W=precision == "tf32x2w",
+        TOPK=top_k, OUT_COLS=cols, OUT_P2=triton.next_power_of_2(cols), HAS_BIAS=e_score_correction_bias is not None,
+        SHARED=shared_expert, num_warps=4 if block_t <= 32 else 8, num_stages=3,
+    )
     return ids, ws
 
 

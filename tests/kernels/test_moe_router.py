@@ -237,7 +237,8 @@ def test_fp16_x_read_through_a_row_stride():
     (3, None, "tf32x3", torch.bfloat16, "torch logits"),  # today's rule
     (ROUTER_KERNEL_MIN_TOKENS - 1, None, "tf32x3", torch.bfloat16, "torch logits"),
     (ROUTER_KERNEL_MIN_TOKENS, None, "tf32x3", torch.bfloat16, "triton logits tf32x3"),
-    (3, "ieee", "tf32x3", torch.bfloat16, "triton logits ieee"),  # the switches flipped
+    (3, "ieee", "tf32x3", torch.bfloat16, "triton small-t ieee"),  # the switches flipped: one launch up to 64
+    (65, "tf32x2w", "tf32x3", torch.bfloat16, "triton logits tf32x2w"),  # split K + epilogue above 64
     (ROUTER_KERNEL_MIN_TOKENS - 1, "ieee", "tf32x2w", torch.bfloat16, "triton logits ieee"),
     (ROUTER_KERNEL_MIN_TOKENS, "ieee", "tf32x2w", torch.bfloat16, "triton logits tf32x2w"),
     (ROUTER_KERNEL_MIN_TOKENS, None, "tf32x2w", torch.float32, "triton logits tf32x3"),  # fp32 x: no W-only split
@@ -250,7 +251,7 @@ def test_path_by_token_count(monkeypatch, T, small, large, dtype, path):
     monkeypatch.setattr(mod, "ROUTER_SMALL_T_PRECISION", small)
     monkeypatch.setattr(mod, "ROUTER_LARGE_T_PRECISION", large)
     calls = []
-    for name in ("router_logits", "moe_router_kernel"):
+    for name in ("router_logits", "moe_router_kernel", "moe_router_small_t"):
         fn = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _n=name, _f=fn, **kw: calls.append((_n, kw.get("precision")))
                             or _f(*a, **kw))
@@ -258,7 +259,8 @@ def test_path_by_token_count(monkeypatch, T, small, large, dtype, path):
     dispatch.reset()
     ids, wts = moe_router(x, w, bias, 3, 2.0, shared_expert=True)
     assert router_path(T, dtype) == path
-    assert calls == [("router_logits", None) if path == "torch logits" else ("moe_router_kernel", path.split()[-1])]
+    kernel = "moe_router_small_t" if path.startswith("triton small-t") else "moe_router_kernel"
+    assert calls == [("router_logits", None) if path == "torch logits" else (kernel, path.split()[-1])]
     assert list(dispatch.snapshot()["ops"]["moe_router"]["buckets"]) == [f"{dispatch.tokens_bucket(T)} {path}"]
     assert _check_against_float64(x, w, bias, 3, True, ids, wts) >= T // 2
 
@@ -355,3 +357,51 @@ def test_split_epilogue_sums_every_split(S, T, E):
     assert (ids[:, k] == E).all() and (wts[:, k] == 1.0).all()
     bt, sb = epilogue_tiles(T, S, max(16, triton.next_power_of_2(E)))
     assert S == 1 or (sb > 1 and S % sb != 0), (bt, sb)  # the blocked loop and its masked tail are exercised
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("T, E, H, with_bias, shared", [(1, 12, 256, True, True), (5, 40, 1100, False, True),
+                                                        (33, 128, 512, True, False), (64, 20, 1536, True, True)])
+def test_small_t_kernel_vs_float64(T, E, H, with_bias, shared, precision):
+    """The one-launch small-T kernel (expert blocks of 16 x K splits of 512, ragged E and last split, the two-level
+    arrival counters) against float64: ids where the margin is clear, weights; the counters are zero again after
+    every call (the reset invariant CUDA-graph replays rely on)."""
+    from ladle.kernels.moe_router import COUNTER_KEY, moe_router_small_t
+    from ladle.kernels.split_counters import split_counters
+
+    g = torch.Generator().manual_seed(T * 7 + E + H)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    w = torch.randn(E, H, generator=g) * (0.8 / H ** 0.5)
+    bias = torch.randn(E, generator=g) * 0.2 if with_bias else None
+    for _ in range(2):  # the second call starts from the counters the first left
+        ids, wts = moe_router_small_t(x, w, bias, 4, 2.0, shared_expert=shared, precision=precision)
+        assert ids.shape == wts.shape == (T, 4 + int(shared))
+        assert _check_against_float64(x, w, bias, 4, shared, ids, wts) >= max(1, T // 2)
+        assert not split_counters(COUNTER_KEY, x.device, 1).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32x2w", "ieee"])
+@pytest.mark.parametrize("T", [1, 32, 64])
+def test_gpu_small_t_kernel_m3_shape_and_graph(T, precision):
+    """The one-launch small-T kernel at one TP4 rank of M3 (H 6144, E 128, top-4 + shared): ids/weights vs float64,
+    replayed in a CUDA graph on new x data equal to the eager call, counters zero after both."""
+    from ladle.kernels.moe_router import COUNTER_KEY, moe_router_small_t
+    from ladle.kernels.split_counters import split_counters
+
+    g = torch.Generator(device="cuda").manual_seed(T + 5)
+    H, E, k = 6144, 128, 4
+    x = torch.randn(T, H, generator=g, device="cuda").bfloat16()
+    w = torch.randn(E, H, generator=g, device="cuda") / H ** 0.5
+    bias = torch.randn(E, generator=g, device="cuda") * 0.1
+    ids, wts = moe_router_small_t(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
+    assert _check_against_float64(x.cpu(), w.cpu(), bias.cpu(), k, True, ids.cpu(), wts.cpu()) >= T // 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gids, gwts = moe_router_small_t(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
+    x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())
+    graph.replay()
+    eids, ewts = moe_router_small_t(x, w, bias, k, 2.0, shared_expert=True, precision=precision)
+    assert torch.equal(gids, eids) and torch.equal(gwts, ewts)
+    torch.cuda.synchronize()
+    assert not split_counters(COUNTER_KEY, x.device, 1).any()
