@@ -172,6 +172,25 @@ def _k_tiles(x_rows, w_rows, ks, k_end, t_ok, e_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _logit_dots(x_rows, w_rows, kk, k_lo, k_hi, k_end, t_ok, e_ok, acc, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                SPLIT_W: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One tensor-core (or "ieee") accumulation over K columns [k_lo, k_hi) in BLOCK_K steps (kk = arange(BLOCK_K)),
+    x widened to fp32 in registers. SPLIT_W ("tf32x2w"): returns (x w_hi^T, x w_lo^T), two chains started from
+    `acc` (zeros) for the caller to add in fp32; else (acc + x W^T, acc)."""
+    c_hi = acc
+    c_lo = acc
+    for k in range(k_lo, k_hi, BLOCK_K):
+        xt, wt = _k_tiles(x_rows, w_rows, k + kk, k_end, t_ok, e_ok, EVEN_K)
+        if SPLIT_W:
+            w_hi, w_lo = _tf32_split(wt.to(tl.float32))
+            c_hi = tl.dot(xt.to(tl.float32), tl.trans(w_hi), c_hi, input_precision=DOT_PRECISION)
+            c_lo = tl.dot(xt.to(tl.float32), tl.trans(w_lo), c_lo, input_precision=DOT_PRECISION)
+        else:
+            c_hi = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), c_hi, input_precision=DOT_PRECISION)
+    return c_hi, c_lo
+
+
+@triton.jit
 def _router_logits_kernel(
     x_ptr, w_ptr, bias_ptr, part_ptr, ids_ptr, wts_ptr,
     num_tokens, hidden, num_experts, stride_xt, stride_we, k_chunk, scaling,
@@ -195,18 +214,12 @@ def _router_logits_kernel(
     acc = tl.zeros([BLOCK_T, E_P2], tl.float32)
     if SPLIT_W:  # "tf32x2w": x exact in TF32, W as a TF32 high part and its fp32 residual (module doc)
         for kc in range(k0, k_end, PROMOTE_K):  # tensor-core accumulation over PROMOTE_K at most, then fp32 adds
-            c_hi = tl.zeros([BLOCK_T, E_P2], tl.float32)
-            c_lo = tl.zeros([BLOCK_T, E_P2], tl.float32)
-            for k in range(kc, tl.minimum(kc + PROMOTE_K, k_end), BLOCK_K):
-                xt, wt = _k_tiles(x_rows, w_rows, k + kk, k_end, t_ok, e_ok, EVEN_K)
-                w_hi, w_lo = _tf32_split(wt.to(tl.float32))
-                c_hi = tl.dot(xt.to(tl.float32), tl.trans(w_hi), c_hi, input_precision=DOT_PRECISION)
-                c_lo = tl.dot(xt.to(tl.float32), tl.trans(w_lo), c_lo, input_precision=DOT_PRECISION)
+            c_hi, c_lo = _logit_dots(x_rows, w_rows, kk, kc, tl.minimum(kc + PROMOTE_K, k_end), k_end, t_ok, e_ok,
+                                     tl.zeros([BLOCK_T, E_P2], tl.float32), BLOCK_K, EVEN_K, SPLIT_W, DOT_PRECISION)
             acc += c_hi + c_lo
     else:
-        for k in range(k0, k_end, BLOCK_K):
-            xt, wt = _k_tiles(x_rows, w_rows, k + kk, k_end, t_ok, e_ok, EVEN_K)
-            acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=DOT_PRECISION)
+        acc, _ = _logit_dots(x_rows, w_rows, kk, k0, k_end, k_end, t_ok, e_ok, acc, BLOCK_K, EVEN_K, SPLIT_W,
+                             DOT_PRECISION)
     if FUSED:
         _route_rows(acc, rows, t_ok, e, e_ok, bias_ptr, ids_ptr, wts_ptr, num_experts, scaling,
                     BLOCK_T, E_P2, TOPK, OUT_COLS, OUT_P2, HAS_BIAS, SHARED)
@@ -266,19 +279,12 @@ def _router_small_t_kernel(
     k_end = tl.minimum(k0 + K_CHUNK, hidden)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
     w_rows = w_ptr + e.to(tl.int64)[:, None] * stride_we
-    c_hi = tl.zeros([BLOCK_T, EB], tl.float32)
-    c_lo = tl.zeros([BLOCK_T, EB], tl.float32)
-    for k in range(k0, k_end, BLOCK_K):
-        xt, wt = _k_tiles(x_rows, w_rows, k + kk, k_end, t_ok, e_ok, False)
-        if SPLIT_W:
-            w_hi, w_lo = _tf32_split(wt.to(tl.float32))
-            c_hi = tl.dot(xt.to(tl.float32), tl.trans(w_hi), c_hi, input_precision=DOT_PRECISION)
-            c_lo = tl.dot(xt.to(tl.float32), tl.trans(w_lo), c_lo, input_precision=DOT_PRECISION)
-        else:
-            c_hi = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), c_hi, input_precision=DOT_PRECISION)
+    c_hi, c_lo = _logit_dots(x_rows, w_rows, kk, k0, k_end, k_end, t_ok, e_ok, tl.zeros([BLOCK_T, EB], tl.float32),
+                             BLOCK_K, False, SPLIT_W, DOT_PRECISION)
     tile = rows.to(tl.int64)[:, None] * num_experts + e[None, :]
     ok = t_ok[:, None] & e_ok[None, :]
-    tl.store(part_ptr + split.to(tl.int64) * num_tokens * num_experts + tile, c_hi + c_lo, mask=ok)
+    part = c_hi + c_lo if SPLIT_W else c_hi
+    tl.store(part_ptr + split.to(tl.int64) * num_tokens * num_experts + tile, part, mask=ok)
     if arrive(cnt_ptr + eb, NUM_SPLITS):
         sp = tl.arange(0, S_P2)
         parts = tl.load(part_ptr + (sp.to(tl.int64) * num_tokens * num_experts)[:, None, None] + tile[None, :, :],
