@@ -102,7 +102,7 @@ ROUTER_LARGE_T_PRECISION = "tf32x2w"  # the kernel's products from ROUTER_KERNEL
 # W's residual was zero or W was its residual alone (the tensor core's TF32 accumulation, not the split), 768-long
 # chains 1.8e-6.
 TF32X2W_PROMOTE_K = 512
-ROUTER_SMALL_T_PRECISION: Optional[str] = None  # below it: None = torch logits; "ieee" = the kernel's split K (A/B)
+ROUTER_SMALL_T_PRECISION: Optional[str] = "tf32x2w"  # below it: None = torch logits; a precision: small-T kernel (A/B)
 # The one-launch small-T kernel (`moe_router_small_t`): runs the op's rule below ROUTER_KERNEL_MIN_TOKENS when
 # ROUTER_SMALL_T_PRECISION is set and T <= SMALL_T_MAX_TOKENS; programs (expert block of SMALL_T_EXPERT_BLOCK, K split
 # of SMALL_T_K_CHUNK): 8 x 12 = 96 at H 6144, E 128.
