@@ -403,7 +403,8 @@ def route_from_logits(partials: torch.Tensor, e_score_correction_bias: Optional[
     _router_topk_kernel[(triton.cdiv(T, block_t),)](
         partials, bias, ids, ws, T, E, S, float(routed_scaling_factor),
         BLOCK_T=block_t, SPLIT_BLOCK=split_block, E_P2=e_p2, TOPK=top_k, OUT_COLS=cols,
-        OUT_P2=triton.next_power_of_2(cols), HAS_BIAS=e_score_correction_bias is not None, SHARED=shared_expert, num_warps=4,
+        OUT_P2=triton.next_power_of_2(cols), HAS_BIAS=e_score_correction_bias is not None, SHARED=shared_expert,
+        num_warps=4,
     )
     return ids, ws
 

@@ -267,14 +267,15 @@ def test_path_by_token_count(monkeypatch, T, small, large, dtype, path):
 
 def test_precision_argument_forces_the_kernel():
     """`moe_router_triton(precision=...)` runs the kernel at that precision at any T, equal to `moe_router_kernel`'s
-    call; precision None keeps the op's rule (torch logits at 3 tokens)."""
+    call; precision None keeps the op's rule (the small-T kernel at ROUTER_SMALL_T_PRECISION at 3 tokens)."""
     x, w, bias = _inputs(3, 12, torch.bfloat16, seed=41)
     for precision in PRECISIONS:
         got = moe_router_triton(x, w, bias, 3, 2.0, shared_expert=True, precision=precision)
         want = moe_router_kernel(x, w, bias, 3, 2.0, shared_expert=True, precision=precision)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert _check_against_float64(x, w, bias, 3, True, *got) >= 1
-    assert router_precision(3, torch.bfloat16) is None
+    assert router_precision(3, torch.bfloat16) == "tf32x2w"
+    assert router_path(3, torch.bfloat16) == "triton small-t tf32x2w"
 
 
 @pytest.mark.gpu
@@ -282,7 +283,8 @@ def test_precision_argument_forces_the_kernel():
 @pytest.mark.parametrize("T", [1, 32, 128, 2048])
 def test_gpu_m3_shape_accuracy_and_graph(T, precision):
     """One TP4 rank of M3 (H 6144, E 128, top-4 + shared) on the path the op takes at T (precision None,
-    `router_path`: torch logits at 1 and 32 tokens, the Triton kernel, split K at 128 and fused at 2048) or on the
+    `router_path`: the small-T kernel at 1 and 32 tokens (its logits checked on the split-K kernel at the same
+    precision), the Triton kernel, split K at 128 and fused at 2048) or on the
     kernel at `precision`: the logit bound, ids/weights vs float64, and a CUDA-graph replay on new x data equal to
     the eager call (same launches, so bit for bit)."""
     g = torch.Generator(device="cuda").manual_seed(T)
