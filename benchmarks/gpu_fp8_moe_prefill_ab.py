@@ -90,6 +90,14 @@ PREFILL = (
     ("gu unroll2 block w8", MoETileConfig(64, 64, 128, 64, 8, 2), Fp8MoEOptions(gu_dot=True, k_unroll=2,
                                                                                  block_scales=True)),
     ("gu block bm128 w8", MoETileConfig(128, 64, 128, 64, 8, 3), GU_BLOCK),
+    # session 12: a 32K-token served prefill step has ~1,024 rows per routed expert (8K: ~256): taller row tiles
+    ("gu block bm128 w8 s4 g2n4", MoETileConfig(128, 64, 128, 64, 8, 4),
+     Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4)),
+    ("gu block bm128 w8 s3 g2n2", MoETileConfig(128, 64, 128, 64, 8, 3),
+     Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=2)),
+    ("gu block w8 s4 g2n8", MoETileConfig(64, 64, 128, 64, 8, 4),
+     Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=8)),
+    ("gu block bm128 bn1 128 w8 s3", MoETileConfig(128, 128, 128, 64, 8, 3), GU_BLOCK),
 )
 MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
 MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
@@ -237,13 +245,15 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
     ap.add_argument("--mxfp8", action="store_true", help="also MXFP8 tables (E8M0 scales) at M = 8192 (or 12)")
     ap.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[8192, 2048],
+                    help="prefill sizes M (tokens); 32768 is a served 32K-token step (not in --smoke)")
     args = ap.parse_args(argv)
     start = time.time()
     shapes = SMOKE if args.smoke else Shapes()
     torch.manual_seed(0)
     graph_us, rows, fp8 = timers(args.smoke), [], fp8_tables(shapes)
-    big = 12 if args.smoke else 8192
-    sizes = [(big, PREFILL, fp8)] + ([] if args.smoke else [(2048, PREFILL, fp8)])
+    big = 12 if args.smoke else args.sizes[0]
+    sizes = [(big, PREFILL, fp8)] + ([] if args.smoke else [(m, PREFILL, fp8) for m in args.sizes[1:]])
     sizes.append((4 if args.smoke else 32, DECODE, fp8))
     if args.mxfp8:
         sizes.append((big, MXFP8, fp8_tables(shapes, quantize_mxfp8)))

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ladle.kernels._common import decide_triton, round_to, triton_ok, tl, triton
+from ladle.kernels._common import (check_cache_pair, decide_triton, fp8_max, is_fp8, round_to, triton_ok, tl,
+                                   triton)
+from ladle.kernels.kv_store import _FP8_FORMAT, _quantize, store_index_kcache_ref, store_kvcache_ref
 from ladle.kernels.rmsnorm import rms_norm_ref
 from ladle.kernels.rope import rotate_ref
 from ladle.observe import dispatch
@@ -31,21 +33,24 @@ dispatch.register("head_norm_rope", "triton",
 
 
 @triton.jit
-def _head_norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, eps,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
+def _norm_rope_heads(xrow, w_ptr, cos_row, sin_row, orow, stride_xh, stride_oh, eps, store_ok, scale, limit,
+                     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, QUANT: tl.constexpr, MANT: tl.constexpr,
+                     MIN_NORMAL: tl.constexpr, QUANTUM: tl.constexpr):
+    """One token's NUM_HEADS heads (head h at xrow + h * stride_xh) normed and roped by the module doc's formula,
+    rounded to x's dtype, then stored at orow + h * stride_oh in orow's dtype: as is, or (QUANT, an FP8 KV /
+    index-K cache row) quantized with `scale` and `limit` by ladle/kernels/kv_store.py's `_quantize`, exactly as
+    `store_kvcache` quantizes the rounded values. store_ok False (a padding token's cache slot) stores nothing."""
     HALF: tl.constexpr = ROT // 2
     PASS: tl.constexpr = HEAD_DIM - ROT
-    dt = out_ptr.dtype.element_ty
+    dt = xrow.dtype.element_ty
+    od = orow.dtype.element_ty
     offs_h = tl.arange(0, BLOCK_H)
     offs_c = tl.arange(0, BLOCK_HALF)
     mh = offs_h[:, None] < NUM_HEADS
     mc = offs_c < HALF
     m = mh & mc[None, :]
-    xrow = x_ptr + t * stride_xt + offs_h[:, None] * stride_xh
+    xrow = xrow + offs_h[:, None] * stride_xh
     x1 = tl.load(xrow + offs_c[None, :], mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(xrow + HALF + offs_c[None, :], mask=m, other=0.0).to(tl.float32)
     ss = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)  # [BLOCK_H]
@@ -59,18 +64,71 @@ def _head_norm_rope_kernel(
     w2 = 1.0 + tl.load(w_ptr + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)
     n1 = round_to(x1 * inv * w1[None, :], dt)
     n2 = round_to(x2 * inv * w2[None, :], dt)
-    c1 = tl.load(cos_ptr + t * ROT + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * ROT + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + t * ROT + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + t * ROT + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
+    c1 = tl.load(cos_row + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_row + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(sin_row + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_row + HALF + offs_c, mask=mc, other=0.0).to(tl.float32)[None, :]
     y1 = round_to(round_to(n1 * c1, dt) + round_to(-n2 * s1, dt), dt)
     y2 = round_to(round_to(n2 * c2, dt) + round_to(n1 * s2, dt), dt)
-    orow = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh
-    tl.store(orow + offs_c[None, :], y1.to(dt), mask=m)
-    tl.store(orow + HALF + offs_c[None, :], y2.to(dt), mask=m)
+    orow = orow + offs_h[:, None] * stride_oh
+    tl.store(orow + offs_c[None, :], _quantize(y1, scale, limit, QUANT, MANT, MIN_NORMAL, QUANTUM).to(od),
+             mask=m & store_ok)
+    tl.store(orow + HALF + offs_c[None, :], _quantize(y2, scale, limit, QUANT, MANT, MIN_NORMAL, QUANTUM).to(od),
+             mask=m & store_ok)
     if PASS > 0:
         w3 = 1.0 + tl.load(w_ptr + ROT + offs_p, mask=offs_p < PASS, other=0.0).to(tl.float32)
-        tl.store(orow + ROT + offs_p[None, :], round_to(x3 * inv * w3[None, :], dt).to(dt), mask=mp)
+        y3 = round_to(x3 * inv * w3[None, :], dt)
+        tl.store(orow + ROT + offs_p[None, :], _quantize(y3, scale, limit, QUANT, MANT, MIN_NORMAL, QUANTUM).to(od),
+                 mask=mp & store_ok)
+
+
+@triton.jit
+def _head_norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, eps,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    _norm_rope_heads(x_ptr + t * stride_xt, w_ptr, cos_ptr + t * ROT, sin_ptr + t * ROT, out_ptr + t * stride_ot,
+                     stride_xh, stride_oh, eps, True, 1.0, 0.0, NUM_HEADS, HEAD_DIM, ROT, BLOCK_H, BLOCK_HALF,
+                     BLOCK_PASS, False, 0, 0.0, 0.0)
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    q_ptr, k_ptr, v_ptr, iq_ptr, ik_ptr, wq_ptr, wk_ptr, wiq_ptr, wik_ptr, cos_ptr, sin_ptr, slot_ptr,
+    q_out, iq_out, kc_ptr, vc_ptr, ikc_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_iqt, stride_iqh, stride_ikt,
+    eps_q, eps_k, eps_iq, eps_ik, k_scale, v_scale, ik_scale, limit, ik_limit,
+    NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, NI: tl.constexpr, DI: tl.constexpr, ROT: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr, BLOCK_PASS_I: tl.constexpr, BLOCK_V: tl.constexpr, HAS_INDEX: tl.constexpr,
+    QUANT: tl.constexpr, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr, QUANTUM: tl.constexpr,
+    IK_QUANT: tl.constexpr, IK_MANT: tl.constexpr, IK_MIN_NORMAL: tl.constexpr, IK_QUANTUM: tl.constexpr,
+):
+    """Program t: token t's q heads -> q_out [T, NH, D]; its k heads normed and roped and its v row -> cache slot
+    slot[t] of kc / vc ([slots, NKV * D] rows); with HAS_INDEX its index-q heads -> iq_out [T, NI, DI] and its
+    index-k head -> slot[t] of ikc ([slots, DI] rows). slot < 0: the cache rows are not written."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    ok = slot >= 0
+    cos_row, sin_row = cos_ptr + t * ROT, sin_ptr + t * ROT
+    _norm_rope_heads(q_ptr + t * stride_qt, wq_ptr, cos_row, sin_row, q_out + t * (NH * D), stride_qh, D, eps_q,
+                     True, 1.0, 0.0, NH, D, ROT, BLOCK_HQ, BLOCK_HALF, BLOCK_PASS, False, 0, 0.0, 0.0)
+    _norm_rope_heads(k_ptr + t * stride_kt, wk_ptr, cos_row, sin_row, kc_ptr + slot * (NKV * D), stride_kh, D,
+                     eps_k, ok, k_scale, limit, NKV, D, ROT, BLOCK_HK, BLOCK_HALF, BLOCK_PASS, QUANT, MANT,
+                     MIN_NORMAL, QUANTUM)
+    offs_v = tl.arange(0, BLOCK_V)  # v heads are packed (stride D), as kv_store's rows
+    mv = (offs_v < NKV * D) & ok
+    v = tl.load(v_ptr + t * stride_vt + offs_v, mask=mv, other=0.0)
+    v = _quantize(v, v_scale, limit, QUANT, MANT, MIN_NORMAL, QUANTUM)
+    tl.store(vc_ptr + slot * (NKV * D) + offs_v, v.to(vc_ptr.dtype.element_ty), mask=mv)
+    if HAS_INDEX:
+        _norm_rope_heads(iq_ptr + t * stride_iqt, wiq_ptr, cos_row, sin_row, iq_out + t * (NI * DI), stride_iqh, DI,
+                         eps_iq, True, 1.0, 0.0, NI, DI, ROT, BLOCK_HI, BLOCK_HALF, BLOCK_PASS_I, False, 0, 0.0, 0.0)
+        _norm_rope_heads(ik_ptr + t * stride_ikt, wik_ptr, cos_row, sin_row, ikc_ptr + slot * DI, DI, DI, eps_ik, ok,
+                         ik_scale, ik_limit, 1, DI, ROT, 1, BLOCK_HALF, BLOCK_PASS_I, IK_QUANT, IK_MANT,
+                         IK_MIN_NORMAL, IK_QUANTUM)
 
 
 @timed_op
@@ -111,3 +169,113 @@ def head_norm_rope_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: t
     """Plain-torch reference with the torch model's rounding points (module docstring); same contract: the Gemma
     RMSNorm reference (float32, one rounding) then THE rotation reference in x's dtype."""
     return rotate_ref(rms_norm_ref(x, weight, eps, weight_offset=1.0), cos, sin).contiguous()
+
+
+dispatch.register("qk_norm_rope_store", "triton",
+                  "cuda (or interpreter); q/k/v (+ index q/k) [T, heads, D] unit last stride, v heads packed; "
+                  "cos/sin [T, r] contiguous in x's dtype; caches contiguous, x's dtype or FP8; even r <= D")
+
+
+def _cache_format(cache: torch.Tensor) -> tuple[bool, int, float, float, float]:
+    """(quantize, mantissa bits, smallest normal, subnormal step, finite max) of a cache dtype for `_quantize`."""
+    if not is_fp8(cache.dtype):
+        return False, 0, 0.0, 0.0, 0.0
+    return (True, *_FP8_FORMAT[cache.dtype], fp8_max(cache.dtype))
+
+
+def _prologue_ineligible(tensors: list[torch.Tensor], x_dtype: torch.dtype, caches: list[torch.Tensor],
+                         cos: torch.Tensor, sin: torch.Tensor, v: torch.Tensor) -> "str | None":
+    reason = triton_ok(*tensors)
+    if reason is None and not (cos.is_contiguous() and sin.is_contiguous()):
+        reason = "cos/sin not contiguous"
+    if reason is None and any(c.dtype != x_dtype and not is_fp8(c.dtype) for c in caches):
+        reason = "a cache in another float dtype than q (the reference casts)"
+    if reason is None and v.shape[1] > 1 and v.stride(1) != v.shape[2]:
+        reason = "v heads not packed"
+    return reason
+
+
+@timed_op
+def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, eps: tuple[float, float], cos: torch.Tensor, sin: torch.Tensor,
+                       key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                       k_scale: float = 1.0, v_scale: float = 1.0, index: "tuple | None" = None,
+                       use_triton: bool = True) -> "tuple[torch.Tensor, torch.Tensor | None]":
+    """The attention prologue of MiniMax-M3 in one launch: `head_norm_rope` on q and k (and on the MSA index q and
+    k), then k, v written to their KV-cache slots and the index k to its index-K slot, as `store_kvcache` and
+    `store_index_kcache` write them (FP8 caches quantized with the per-tensor scales, the same rounding).
+
+    q [T, Hq, D], k / v [T, Hkv, D] (column views of one projection output are fine: unit last stride, v heads
+    packed), q_weight / k_weight [D] Gemma offsets, eps (q's, k's), cos / sin [T, r] in q's dtype; key_cache /
+    value_cache [blocks, block_size, Hkv, D] contiguous; slot_mapping [>= T] int32/int64, -1 = not written.
+    index: None, or (index_q [T, Hi, Di], index_k [T, Di], index_q_weight [Di], index_k_weight [Di], (eps_iq,
+    eps_ik), index_key_cache [blocks, block_size, Di], index_k_scale). Returns (q normed + roped [T, Hq, D],
+    index q normed + roped [T, Hi, Di] or None), new contiguous tensors; mutates the caches.
+    Why: the unfused prologue is 4 norm + RoPE launches and 2 store launches per MSA layer, about 2 us each at
+    decode (session 12 profile of the TP4-rank proxy: 351 such launches per B = 32 step, 0.74 ms of 17.1).
+    Triton when asked for and eligible (recorded as op "qk_norm_rope_store"), else the composition of the
+    references (`head_norm_rope_ref`, `store_kvcache_ref`, `store_index_kcache_ref`)."""
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    r = cos.shape[-1]
+    assert k.shape == v.shape == (T, Hkv, D) and q_weight.shape == k_weight.shape == (D,)
+    assert cos.shape == sin.shape == (T, r) and r % 2 == 0 and 0 < r <= D and cos.dtype == sin.dtype == q.dtype
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "q, k, v need a unit last stride"
+    check_cache_pair(key_cache, value_cache)
+    assert key_cache.shape[2:] == (Hkv, D), f"cache heads/dim {tuple(key_cache.shape[2:])} != {(Hkv, D)}"
+    assert slot_mapping.dim() == 1 and slot_mapping.shape[0] >= T and slot_mapping.dtype in (torch.int32, torch.int64)
+    slot_mapping = slot_mapping[:T]
+    tensors, caches = [q, k, v, q_weight, k_weight, cos, sin, key_cache, value_cache, slot_mapping], [key_cache]
+    if index is not None:
+        iq, ik, iq_w, ik_w, (eps_iq, eps_ik), ik_cache, ik_scale = index
+        Hi, Di = iq.shape[1], iq.shape[2]
+        assert iq.shape == (T, Hi, Di) and ik.shape == (T, Di) and iq_w.shape == ik_w.shape == (Di,) and r <= Di
+        assert ik_cache.dim() == 3 and ik_cache.shape[2] == Di and ik_cache.is_contiguous()
+        assert iq.stride(-1) == ik.stride(-1) == 1
+        tensors, caches = tensors + [iq, ik, iq_w, ik_w, ik_cache], caches + [ik_cache]
+    reason = _prologue_ineligible(tensors, q.dtype, caches, cos, sin, v)
+    if not decide_triton("qk_norm_rope_store", T, use_triton, reason, key_cache.dtype):
+        return _qk_norm_rope_store_ref(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache,
+                                       slot_mapping, k_scale, v_scale, index)
+    q_out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    iq_out = None if index is None else torch.empty((T, Hi, Di), dtype=iq.dtype, device=q.device)
+    if T == 0:
+        return q_out, iq_out
+    quant, mant, min_normal, quantum, limit = _cache_format(key_cache)
+    if index is None:  # the index arguments take q's tensors and are never read (HAS_INDEX False)
+        iq, ik, iq_w, ik_w, ik_cache, ik_scale, eps_iq, eps_ik, Hi, Di = q, q, q_weight, q_weight, key_cache, 1.0, \
+            0.0, 0.0, 1, D
+        iq_o, ik_stride = q_out, 0
+    else:
+        iq_o, ik_stride = iq_out, ik.stride(0)
+    iquant, imant, imin_normal, iquantum, ilimit = _cache_format(ik_cache)
+    half_p2 = triton.next_power_of_2(r // 2)
+    _qk_norm_rope_store_kernel[(T,)](
+        q, k, v, iq, ik, q_weight, k_weight, iq_w, ik_w, cos, sin, slot_mapping,
+        q_out, iq_o, key_cache, value_cache, ik_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), iq.stride(0), iq.stride(1), ik_stride,
+        float(eps[0]), float(eps[1]), float(eps_iq), float(eps_ik), float(k_scale), float(v_scale), float(ik_scale),
+        limit, ilimit,
+        NH=Hq, NKV=Hkv, D=D, NI=Hi, DI=Di, ROT=r, BLOCK_HQ=triton.next_power_of_2(Hq),
+        BLOCK_HK=triton.next_power_of_2(Hkv), BLOCK_HI=triton.next_power_of_2(Hi), BLOCK_HALF=half_p2,
+        BLOCK_PASS=triton.next_power_of_2(max(D - r, 1)), BLOCK_PASS_I=triton.next_power_of_2(max(Di - r, 1)),
+        BLOCK_V=triton.next_power_of_2(Hkv * D), HAS_INDEX=index is not None,
+        QUANT=quant, MANT=mant, MIN_NORMAL=min_normal, QUANTUM=quantum,
+        IK_QUANT=iquant, IK_MANT=imant, IK_MIN_NORMAL=imin_normal, IK_QUANTUM=iquantum,
+        num_warps=4 if Hq * D >= 1024 else 1,
+    )
+    return q_out, iq_out
+
+
+def _qk_norm_rope_store_ref(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, slot_mapping,
+                            k_scale, v_scale, index):
+    """`qk_norm_rope_store` as the composition of the references it fuses (same contract)."""
+    q_out = head_norm_rope_ref(q, q_weight, eps[0], cos, sin)
+    store_kvcache_ref(head_norm_rope_ref(k, k_weight, eps[1], cos, sin), v, key_cache, value_cache, slot_mapping,
+                      k_scale, v_scale)
+    if index is None:
+        return q_out, None
+    iq, ik, iq_w, ik_w, (eps_iq, eps_ik), ik_cache, ik_scale = index
+    ik_n = head_norm_rope_ref(ik.view(ik.shape[0], 1, -1), ik_w, eps_ik, cos, sin).view(ik.shape[0], -1)
+    store_index_kcache_ref(ik_n, ik_cache, slot_mapping, ik_scale)
+    return q_out, head_norm_rope_ref(iq, iq_w, eps_iq, cos, sin)

@@ -12,7 +12,9 @@ and `MiniMaxM3VLForCausalLM`. Checkpoint names map through the name table in lad
 Forward contract (ladle/models/interface.py): reads `get_forward_context()`; writes K, V and (sparse layers)
 index-K for every token with slot >= 0. `ctx.backends` (ladle.layers.attention.metadata.OpBackends, the runner's
 choice) selects the ladle.kernels path for attention and the indexer (`attention`), the MoE (`moe`) and the norms
-(`fused_norms`: residual add + RMSNorm and per-head norm + RoPE fused into one kernel each), or the references.
+(`fused_norms`: residual add + RMSNorm fused into one kernel; with the Triton attention backend too, the four
+per-head norms + RoPE and the K/V / index-K stores of a layer are one launch, `Attention.norm_rope_store`), or
+the references.
 When `ctx.extras["record_msa_selection"]` is truthy, each MSA layer's Attention leaves its selections in
 `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
 """
@@ -26,6 +28,7 @@ from torch import nn
 
 from ladle.layers.attention.layer import Attention, MSAParams
 from ladle.layers.attention.metadata import LayerCacheSpec
+from ladle.layers.backends import op_backends
 from ladle.layers.linear import QKVParallelLinear, RowParallelLinear
 from ladle.layers.mlp import GatedMLP
 from ladle.layers.moe import FusedMoE
@@ -88,6 +91,13 @@ class M3Attention(nn.Module):
         and records MSA selections when the forward context asks for them."""
         t = a.shape[0]
         parts = self.qkv_proj.split(self.qkv_proj(a))  # column views of one GEMM output
+        backends = op_backends()
+        if backends.fused_norms and backends.triton_attention:  # norms, RoPE and cache stores: one launch
+            idx = self.indexer
+            q, k, v = (parts[i].view(t, n, self.d) for i, n in ((0, self.nh), (1, self.nkv), (2, self.nkv)))
+            index = (parts[3].view(t, idx.ni, idx.di), parts[4], idx.q_norm, idx.k_norm) if idx is not None else ()
+            q, iq = self.attn.norm_rope_store(q, k, v, self.q_norm, self.k_norm, cos, sin, *index)
+            return self.o_proj(self.attn(q, None, None, iq, None, stored=True))
         q = self.q_norm.norm_rope(parts[0].view(t, self.nh, self.d), cos, sin)
         k = self.k_norm.norm_rope(parts[1].view(t, self.nkv, self.d), cos, sin)
         v = parts[2].view(t, self.nkv, self.d)  # row-strided view: the KV stores take row strides

@@ -1,6 +1,6 @@
 """MiniMax-M3 (tiny preset, float32) on the kernel path (OpBackends.kernels(): fused residual + Gemma RMSNorm,
-fused per-head norm + RoPE, KV/index-K store, dense paged attention, MSA indexer, MSA sparse attention, router,
-fused MoE; one GEMM for the q/k/v and index q/k projections) run by the Triton CPU interpreter, against the torch
+per-head norm + RoPE with the KV/index-K stores in one op (qk_norm_rope_store), dense paged attention, MSA indexer,
+MSA sparse attention, router, fused MoE; one GEMM for the q/k/v and index q/k projections) run by the Triton CPU interpreter, against the torch
 reference path, through a prefill, a chunk that crosses a block boundary, and decode steps that cross another
 (tiny preset: 16-token blocks; positions 30-43 cross 32, decode 44-51 crosses 48)."""
 
@@ -26,7 +26,7 @@ def test_kernel_path_matches_torch_path_on_cpu(ckpt):
     model = load_m3_dir(ckpt, torch.float32, "cpu")
     ids = torch.randint(3, 500, (52,), generator=torch.Generator().manual_seed(5)).tolist()
     ref_drv, ker_drv = PagedDriver(model, 16), PagedDriver(model, 16, backends=OpBackends.kernels())
-    ops = ("rmsnorm", "head_norm_rope", "kv_store", "index_k_store", "attn_prefill", "attn_decode", "msa_indexer",
+    ops = ("rmsnorm", "qk_norm_rope_store", "attn_prefill", "attn_decode", "msa_indexer",
            "msa_sparse_attention", "moe_router", "fused_moe", "moe_combine")
     before = {op: _executed(op) for op in ops}
     outs = []
