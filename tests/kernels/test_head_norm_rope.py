@@ -177,7 +177,7 @@ def test_qk_norm_rope_store_equals_the_ops_it_fuses(device, dtype, cache_dtype, 
                            want.view(torch.uint8) if want.element_size() == 1 else want)
     pad = (slots < 0).cpu()
     for cache, old in zip(fused_caches, before):
-        flat, flat_old = cache.view(-1, *cache.shape[2:]).cpu().float(), old.view(-1, *old.shape[2:]).float()
+        flat, flat_old = (c.view(-1, *c.shape[2:]).cpu().float() for c in (cache, old))
         untouched = torch.ones(flat.shape[0], dtype=torch.bool)
         untouched[slots[~pad.to(slots.device)].long().cpu()] = False
         assert torch.equal(flat[untouched], flat_old[untouched])  # padding and unused slots keep the sentinel
