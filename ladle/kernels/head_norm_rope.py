@@ -106,29 +106,38 @@ def _qk_norm_rope_store_kernel(
     QUANT: tl.constexpr, MANT: tl.constexpr, MIN_NORMAL: tl.constexpr, QUANTUM: tl.constexpr,
     IK_QUANT: tl.constexpr, IK_MANT: tl.constexpr, IK_MIN_NORMAL: tl.constexpr, IK_QUANTUM: tl.constexpr,
 ):
-    """Program t: token t's q heads -> q_out [T, NH, D]; its k heads normed and roped and its v row -> cache slot
-    slot[t] of kc / vc ([slots, NKV * D] rows); with HAS_INDEX its index-q heads -> iq_out [T, NI, DI] and its
-    index-k head -> slot[t] of ikc ([slots, DI] rows). slot < 0: the cache rows are not written."""
+    """Program (t, part): part 0 token t's q heads -> q_out [T, NH, D]; part 1 its k heads normed and roped and its v
+    row -> cache slot slot[t] of kc / vc ([slots, NKV * D] rows); with HAS_INDEX part 2 its index-q heads -> iq_out
+    [T, NI, DI] and part 3 its index-k head -> slot[t] of ikc ([slots, DI] rows). slot < 0: the cache rows are not
+    written. The parts are independent programs (not one program's serial phases: at decode each launch has few
+    tokens, and a token's four norms one after another made the launch 6.4 us, session 12 call 5)."""
     t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    ok = slot >= 0
+    part = tl.program_id(1)
     cos_row, sin_row = cos_ptr + t * ROT, sin_ptr + t * ROT
-    _norm_rope_heads(q_ptr + t * stride_qt, wq_ptr, cos_row, sin_row, q_out + t * (NH * D), stride_qh, D, eps_q,
-                     True, 1.0, 0.0, NH, D, ROT, BLOCK_HQ, BLOCK_HALF, BLOCK_PASS, False, 0, 0.0, 0.0)
-    _norm_rope_heads(k_ptr + t * stride_kt, wk_ptr, cos_row, sin_row, kc_ptr + slot * (NKV * D), stride_kh, D,
-                     eps_k, ok, k_scale, limit, NKV, D, ROT, BLOCK_HK, BLOCK_HALF, BLOCK_PASS, QUANT, MANT,
-                     MIN_NORMAL, QUANTUM)
-    offs_v = tl.arange(0, BLOCK_V)  # v heads are packed (stride D), as kv_store's rows
-    mv = (offs_v < NKV * D) & ok
-    v = tl.load(v_ptr + t * stride_vt + offs_v, mask=mv, other=0.0)
-    v = _quantize(v, v_scale, limit, QUANT, MANT, MIN_NORMAL, QUANTUM)
-    tl.store(vc_ptr + slot * (NKV * D) + offs_v, v.to(vc_ptr.dtype.element_ty), mask=mv)
-    if HAS_INDEX:
-        _norm_rope_heads(iq_ptr + t * stride_iqt, wiq_ptr, cos_row, sin_row, iq_out + t * (NI * DI), stride_iqh, DI,
-                         eps_iq, True, 1.0, 0.0, NI, DI, ROT, BLOCK_HI, BLOCK_HALF, BLOCK_PASS_I, False, 0, 0.0, 0.0)
-        _norm_rope_heads(ik_ptr + t * stride_ikt, wik_ptr, cos_row, sin_row, ikc_ptr + slot * DI, DI, DI, eps_ik, ok,
-                         ik_scale, ik_limit, 1, DI, ROT, 1, BLOCK_HALF, BLOCK_PASS_I, IK_QUANT, IK_MANT,
-                         IK_MIN_NORMAL, IK_QUANTUM)
+    if part == 0:
+        _norm_rope_heads(q_ptr + t * stride_qt, wq_ptr, cos_row, sin_row, q_out + t * (NH * D), stride_qh, D, eps_q,
+                         True, 1.0, 0.0, NH, D, ROT, BLOCK_HQ, BLOCK_HALF, BLOCK_PASS, False, 0, 0.0, 0.0)
+    elif part == 1:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        ok = slot >= 0
+        _norm_rope_heads(k_ptr + t * stride_kt, wk_ptr, cos_row, sin_row, kc_ptr + slot * (NKV * D), stride_kh, D,
+                         eps_k, ok, k_scale, limit, NKV, D, ROT, BLOCK_HK, BLOCK_HALF, BLOCK_PASS, QUANT, MANT,
+                         MIN_NORMAL, QUANTUM)
+        offs_v = tl.arange(0, BLOCK_V)  # v heads are packed (stride D), as kv_store's rows
+        mv = (offs_v < NKV * D) & ok
+        v = tl.load(v_ptr + t * stride_vt + offs_v, mask=mv, other=0.0)
+        v = _quantize(v, v_scale, limit, QUANT, MANT, MIN_NORMAL, QUANTUM)
+        tl.store(vc_ptr + slot * (NKV * D) + offs_v, v.to(vc_ptr.dtype.element_ty), mask=mv)
+    elif HAS_INDEX:
+        if part == 2:
+            _norm_rope_heads(iq_ptr + t * stride_iqt, wiq_ptr, cos_row, sin_row, iq_out + t * (NI * DI), stride_iqh,
+                             DI, eps_iq, True, 1.0, 0.0, NI, DI, ROT, BLOCK_HI, BLOCK_HALF, BLOCK_PASS_I, False, 0,
+                             0.0, 0.0)
+        else:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            _norm_rope_heads(ik_ptr + t * stride_ikt, wik_ptr, cos_row, sin_row, ikc_ptr + slot * DI, DI, DI, eps_ik,
+                             slot >= 0, ik_scale, ik_limit, 1, DI, ROT, 1, BLOCK_HALF, BLOCK_PASS_I, IK_QUANT,
+                             IK_MANT, IK_MIN_NORMAL, IK_QUANTUM)
 
 
 @timed_op
@@ -212,7 +221,9 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     eps_ik), index_key_cache [blocks, block_size, Di], index_k_scale). Returns (q normed + roped [T, Hq, D],
     index q normed + roped [T, Hi, Di] or None), new contiguous tensors; mutates the caches.
     Why: the unfused prologue is 4 norm + RoPE launches and 2 store launches per MSA layer, about 2 us each at
-    decode (session 12 profile of the TP4-rank proxy: 351 such launches per B = 32 step, 0.74 ms of 17.1).
+    decode (session 12 profile of the TP4-rank proxy: 351 such launches per B = 32 step, 0.74 ms of 17.1; one
+    launch per layer made the B = 32 step 17.58 -> 16.91 ms, B = 128 29.33 -> 28.28, calls 1 and 5 of
+    benchmarks/results/round12). Grid (T, parts): q, k + v, index q, index k as separate programs.
     Triton when asked for and eligible (recorded as op "qk_norm_rope_store"), else the composition of the
     references (`head_norm_rope_ref`, `store_kvcache_ref`, `store_index_kcache_ref`)."""
     T, Hq, D = q.shape
@@ -250,7 +261,7 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
         iq_o, ik_stride = iq_out, ik.stride(0)
     iquant, imant, imin_normal, iquantum, ilimit = _cache_format(ik_cache)
     half_p2 = triton.next_power_of_2(r // 2)
-    _qk_norm_rope_store_kernel[(T,)](
+    _qk_norm_rope_store_kernel[(T, 2 if index is None else 4)](
         q, k, v, iq, ik, q_weight, k_weight, iq_w, ik_w, cos, sin, slot_mapping,
         q_out, iq_o, key_cache, value_cache, ik_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), iq.stride(0), iq.stride(1), ik_stride,
