@@ -25,7 +25,7 @@ LADLE_KERNELS = {
     "msa attention/indexer": ("_sparse_attn_kernel", "_sparse_attn_tile_kernel", "_merge_kernel", "_index_score_kernel",
                               "_index_topk_kernel"),
     "dense attention": ("_prefill_kernel", "_decode_split_kernel", "_decode_merge_kernel"),
-    "norm / rope": ("_rmsnorm_kernel", "_head_norm_rope_kernel", "_rope_kernel"),
+    "norm / rope": ("_rmsnorm_kernel", "_head_norm_rope_kernel", "_rope_kernel", "_qk_norm_rope_store_kernel"),
     "kv store": ("_store_kernel",),
     "sampling": ("_race_kernel",),
 }

@@ -180,6 +180,14 @@ def head_norm_rope_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: t
     return rotate_ref(rms_norm_ref(x, weight, eps, weight_offset=1.0), cos, sin).contiguous()
 
 
+# Largest step (tokens) for which a model should take `qk_norm_rope_store` instead of the separate ops (a dispatch
+# choice by speed; both write the same bytes). H200, session 12 (benchmarks/results/round12, calls 5 and 6): at the
+# decode CUDA-graph sizes (T <= 128) the one launch saves ~0.6 ms per 60-layer step (B = 32 16.91 vs 17.58 ms, B = 128
+# 28.28 vs 29.33); at served prefill sizes it is slower than the separate ops (per layer 110 vs ~82 us at T <= 8192,
+# 118 vs ~89 at T <= 16384, 239-385 vs ~241 at T <= 32768; op timings of the served runs, round 11 vs 12). Between
+# 128 and 8192 tokens nothing was measured; 256 covers decode batches up to 256 requests.
+FUSED_PROLOGUE_MAX_TOKENS = 256
+
 dispatch.register("qk_norm_rope_store", "triton",
                   "cuda (or interpreter); q/k/v (+ index q/k) [T, heads, D] unit last stride, v heads packed; "
                   "cos/sin [T, r] contiguous in x's dtype; caches contiguous, x's dtype or FP8; even r <= D")

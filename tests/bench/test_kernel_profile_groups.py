@@ -28,6 +28,7 @@ KERNELS_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "ladle", "kern
     ("_merge_kernel", "msa attention/indexer"),
     ("_decode_merge_kernel", "dense attention"),  # not the MSA merge, although it contains "_merge_kernel"
     ("_store_kernel", "kv store"),
+    ("_qk_norm_rope_store_kernel", "norm / rope"),  # ends in "_store_kernel": the norm + RoPE prologue, by name
     ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda, "
      "at::native::memory::StoreWithCast<1> >", "torch elementwise/reduce/copy"),  # contains "store"
     ("nvjet_sm90_tst_512x32_64x3_2x1_v_bz_TNT", "gemm (cuBLAS/CUTLASS)"),

@@ -1,7 +1,7 @@
 """MiniMax-M3 (tiny preset, float32) on the kernel path (OpBackends.kernels(): fused residual + Gemma RMSNorm,
-per-head norm + RoPE with the KV/index-K stores in one op (qk_norm_rope_store), dense paged attention, MSA indexer,
-MSA sparse attention, router, fused MoE; one GEMM for the q/k/v and index q/k projections) run by the Triton CPU interpreter, against the torch
-reference path, through a prefill, a chunk that crosses a block boundary, and decode steps that cross another
+per-head norm + RoPE with the KV/index-K stores in one op (qk_norm_rope_store) or as separate ops, dense paged
+attention, MSA indexer, MSA sparse attention, router, fused MoE; one GEMM for the q/k/v and index q/k projections)
+run by the Triton CPU interpreter, against the torch reference path, through a prefill, a chunk that crosses a block boundary, and decode steps that cross another
 (tiny preset: 16-token blocks; positions 30-43 cross 32, decode 44-51 crosses 48)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ladle.layers.attention.metadata import OpBackends
+from ladle.models import minimax_m3
 from m3_helpers import selection_sets
 
 from drivers.minimax_m3_paged import PagedDriver, load_m3_dir
@@ -22,11 +23,18 @@ def _executed(op: str) -> int:
     return sum(b["executed"] for b in dispatch.snapshot()["ops"].get(op, {}).get("buckets", {}).values())
 
 
-def test_kernel_path_matches_torch_path_on_cpu(ckpt):
+@pytest.mark.parametrize("prologue_max_tokens", [None, 0])
+def test_kernel_path_matches_torch_path_on_cpu(ckpt, prologue_max_tokens, monkeypatch):
+    """prologue_max_tokens None: the model's rule (every step here is small: the fused qk_norm_rope_store runs);
+    0: the separate per-head norm + RoPE and store ops (what longer prefill steps run)."""
+    if prologue_max_tokens is not None:
+        monkeypatch.setattr(minimax_m3, "FUSED_PROLOGUE_MAX_TOKENS", prologue_max_tokens)
+    prologue = ("qk_norm_rope_store",) if prologue_max_tokens is None else ("head_norm_rope", "kv_store",
+                                                                              "index_k_store")
     model = load_m3_dir(ckpt, torch.float32, "cpu")
     ids = torch.randint(3, 500, (52,), generator=torch.Generator().manual_seed(5)).tolist()
     ref_drv, ker_drv = PagedDriver(model, 16), PagedDriver(model, 16, backends=OpBackends.kernels())
-    ops = ("rmsnorm", "qk_norm_rope_store", "attn_prefill", "attn_decode", "msa_indexer",
+    ops = ("rmsnorm", *prologue, "attn_prefill", "attn_decode", "msa_indexer",
            "msa_sparse_attention", "moe_router", "fused_moe", "moe_combine")
     before = {op: _executed(op) for op in ops}
     outs = []
