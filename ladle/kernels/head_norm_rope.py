@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ladle.kernels._common import (check_cache_pair, decide_triton, fp8_max, is_fp8, round_to, triton_ok, tl,
-                                   triton)
-from ladle.kernels.kv_store import _FP8_FORMAT, _quantize, store_index_kcache_ref, store_kvcache_ref
+from ladle.kernels._common import check_cache_pair, decide_triton, is_fp8, round_to, triton_ok, tl, triton
+from ladle.kernels.kv_store import _quantize, cache_quant_args, store_index_kcache, store_kvcache
 from ladle.kernels.rmsnorm import rms_norm_ref
 from ladle.kernels.rope import rotate_ref
 from ladle.observe import dispatch
@@ -180,8 +179,8 @@ def head_norm_rope_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: t
     return rotate_ref(rms_norm_ref(x, weight, eps, weight_offset=1.0), cos, sin).contiguous()
 
 
-# Largest step (tokens) for which a model should take `qk_norm_rope_store` instead of the separate ops (a dispatch
-# choice by speed; both write the same bytes). H200, session 12 (benchmarks/results/round12, calls 5 and 6): at the
+# Largest step (tokens) at which `qk_norm_rope_store` asks for its one launch; above it the separate ops run (a
+# choice by speed: both write the same bytes). H200, session 12 (benchmarks/results/round12, calls 5 and 6): at the
 # decode CUDA-graph sizes (T <= 128) the one launch saves ~0.6 ms per 60-layer step (B = 32 16.91 vs 17.58 ms, B = 128
 # 28.28 vs 29.33); at served prefill sizes it is slower than the separate ops (per layer 110 vs ~82 us at T <= 8192,
 # 118 vs ~89 at T <= 16384, 239-385 vs ~241 at T <= 32768; op timings of the served runs, round 11 vs 12). Between
@@ -189,15 +188,9 @@ def head_norm_rope_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: t
 FUSED_PROLOGUE_MAX_TOKENS = 256
 
 dispatch.register("qk_norm_rope_store", "triton",
-                  "cuda (or interpreter); q/k/v (+ index q/k) [T, heads, D] unit last stride, v heads packed; "
-                  "cos/sin [T, r] contiguous in x's dtype; caches contiguous, x's dtype or FP8; even r <= D")
-
-
-def _cache_format(cache: torch.Tensor) -> tuple[bool, int, float, float, float]:
-    """(quantize, mantissa bits, smallest normal, subnormal step, finite max) of a cache dtype for `_quantize`."""
-    if not is_fp8(cache.dtype):
-        return False, 0, 0.0, 0.0, 0.0
-    return (True, *_FP8_FORMAT[cache.dtype], fp8_max(cache.dtype))
+                  "asked for up to FUSED_PROLOGUE_MAX_TOKENS tokens; cuda (or interpreter); q/k/v (+ index q/k) "
+                  "[T, heads, D] unit last stride, v heads packed; cos/sin [T, r] contiguous in x's dtype; caches "
+                  "contiguous, x's dtype or FP8; even r <= D")
 
 
 def _prologue_ineligible(tensors: list[torch.Tensor], x_dtype: torch.dtype, caches: list[torch.Tensor],
@@ -232,8 +225,9 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     decode (session 12 profile of the TP4-rank proxy: 351 such launches per B = 32 step, 0.74 ms of 17.1; one
     launch per layer made the B = 32 step 17.58 -> 16.91 ms, B = 128 29.33 -> 28.28, calls 1 and 5 of
     benchmarks/results/round12). Grid (T, parts): q, k + v, index q, index k as separate programs.
-    Triton when asked for and eligible (recorded as op "qk_norm_rope_store"), else the composition of the
-    references (`head_norm_rope_ref`, `store_kvcache_ref`, `store_index_kcache_ref`)."""
+    The one launch when asked for (`use_triton` and T <= FUSED_PROLOGUE_MAX_TOKENS) and eligible (recorded as op
+    "qk_norm_rope_store"), else the separate ops it fuses (`head_norm_rope`, `store_kvcache`, `store_index_kcache`
+    with the same `use_triton`, each by its own rule: their torch references when use_triton is False)."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     r = cos.shape[-1]
@@ -253,21 +247,22 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
         assert iq.stride(-1) == ik.stride(-1) == 1
         tensors, caches = tensors + [iq, ik, iq_w, ik_w, ik_cache], caches + [ik_cache]
     reason = _prologue_ineligible(tensors, q.dtype, caches, cos, sin, v)
-    if not decide_triton("qk_norm_rope_store", T, use_triton, reason, key_cache.dtype):
-        return _qk_norm_rope_store_ref(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache,
-                                       slot_mapping, k_scale, v_scale, index)
+    fused = use_triton and T <= FUSED_PROLOGUE_MAX_TOKENS
+    if not decide_triton("qk_norm_rope_store", T, fused, reason, key_cache.dtype):
+        return _separate_ops(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, slot_mapping,
+                             k_scale, v_scale, index, use_triton)
     q_out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
     iq_out = None if index is None else torch.empty((T, Hi, Di), dtype=iq.dtype, device=q.device)
     if T == 0:
         return q_out, iq_out
-    quant, mant, min_normal, quantum, limit = _cache_format(key_cache)
+    quant, mant, min_normal, quantum, limit = cache_quant_args(key_cache.dtype)
     if index is None:  # the index arguments take q's tensors and are never read (HAS_INDEX False)
         iq, ik, iq_w, ik_w, ik_cache, ik_scale, eps_iq, eps_ik, Hi, Di = q, q, q_weight, q_weight, key_cache, 1.0, \
             0.0, 0.0, 1, D
         iq_o, ik_stride = q_out, 0
     else:
         iq_o, ik_stride = iq_out, ik.stride(0)
-    iquant, imant, imin_normal, iquantum, ilimit = _cache_format(ik_cache)
+    iquant, imant, imin_normal, iquantum, ilimit = cache_quant_args(ik_cache.dtype)
     half_p2 = triton.next_power_of_2(r // 2)
     _qk_norm_rope_store_kernel[(T, 2 if index is None else 4)](
         q, k, v, iq, ik, q_weight, k_weight, iq_w, ik_w, cos, sin, slot_mapping,
@@ -286,15 +281,16 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     return q_out, iq_out
 
 
-def _qk_norm_rope_store_ref(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, slot_mapping,
-                            k_scale, v_scale, index):
-    """`qk_norm_rope_store` as the composition of the references it fuses (same contract)."""
-    q_out = head_norm_rope_ref(q, q_weight, eps[0], cos, sin)
-    store_kvcache_ref(head_norm_rope_ref(k, k_weight, eps[1], cos, sin), v, key_cache, value_cache, slot_mapping,
-                      k_scale, v_scale)
+def _separate_ops(q, k, v, q_weight, k_weight, eps, cos, sin, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+                  index, use_triton):
+    """`qk_norm_rope_store` as the ops it fuses, each asked for with `use_triton` (same contract)."""
+    q_out = head_norm_rope(q, q_weight, eps[0], cos, sin, use_triton=use_triton)
+    store_kvcache(head_norm_rope(k, k_weight, eps[1], cos, sin, use_triton=use_triton), v, key_cache, value_cache,
+                  slot_mapping, k_scale=k_scale, v_scale=v_scale, use_triton=use_triton)
     if index is None:
         return q_out, None
     iq, ik, iq_w, ik_w, (eps_iq, eps_ik), ik_cache, ik_scale = index
-    ik_n = head_norm_rope_ref(ik.view(ik.shape[0], 1, -1), ik_w, eps_ik, cos, sin).view(ik.shape[0], -1)
-    store_index_kcache_ref(ik_n, ik_cache, slot_mapping, ik_scale)
-    return q_out, head_norm_rope_ref(iq, iq_w, eps_iq, cos, sin)
+    ik_n = head_norm_rope(ik.view(ik.shape[0], 1, -1), ik_w, eps_ik, cos, sin, use_triton=use_triton)
+    store_index_kcache(ik_n.view(ik.shape[0], -1), ik_cache, slot_mapping, index_k_scale=ik_scale,
+                       use_triton=use_triton)
+    return q_out, head_norm_rope(iq, iq_w, eps_iq, cos, sin, use_triton=use_triton)

@@ -91,6 +91,14 @@ def _store_kernel(
             tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
+def cache_quant_args(cache_dtype: torch.dtype) -> tuple[bool, int, float, float, float]:
+    """`_quantize`'s arguments for a cache dtype: (QUANT, MANT, MIN_NORMAL, QUANTUM, limit); a cache that is not
+    FP8 stores values as they are (QUANT False, the rest unused)."""
+    if not is_fp8(cache_dtype):
+        return False, 0, 0.0, 0.0, 0.0
+    return (True, *_FP8_FORMAT[cache_dtype], fp8_max(cache_dtype))
+
+
 def _launch(k: torch.Tensor, v: Optional[torch.Tensor], k_rows: torch.Tensor, v_rows: Optional[torch.Tensor],
             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     num_tokens, width = k.shape
@@ -99,11 +107,10 @@ def _launch(k: torch.Tensor, v: Optional[torch.Tensor], k_rows: torch.Tensor, v_
     block_w = min(triton.next_power_of_2(width), 1024)
     block_t = max(1, min(64, 4096 // block_w))
     has_v = v is not None
-    quant = is_fp8(k_rows.dtype)
-    mant, min_normal, quantum = _FP8_FORMAT.get(k_rows.dtype, (0, 0.0, 0.0))
+    quant, mant, min_normal, quantum, limit = cache_quant_args(k_rows.dtype)
     _store_kernel[(triton.cdiv(num_tokens, block_t),)](
         k, v if has_v else k, k_rows, v_rows if has_v else k_rows, slot_mapping, num_tokens, k.stride(0),
-        (v if has_v else k).stride(0), float(k_scale), float(v_scale), fp8_max(k_rows.dtype) if quant else 0.0,
+        (v if has_v else k).stride(0), float(k_scale), float(v_scale), limit,
         W=width, BLOCK_T=block_t, BLOCK_W=block_w, HAS_V=has_v, QUANT=quant, MANT=mant, MIN_NORMAL=min_normal,
         QUANTUM=quantum, num_warps=4)
 

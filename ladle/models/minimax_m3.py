@@ -13,8 +13,8 @@ Forward contract (ladle/models/interface.py): reads `get_forward_context()`; wri
 index-K for every token with slot >= 0. `ctx.backends` (ladle.layers.attention.metadata.OpBackends, the runner's
 choice) selects the ladle.kernels path for attention and the indexer (`attention`), the MoE (`moe`) and the norms
 (`fused_norms`: residual add + RMSNorm fused into one kernel, per-head norm + RoPE into another; with the Triton
-attention backend too and at most FUSED_PROLOGUE_MAX_TOKENS tokens (decode), the four per-head norms + RoPE and the
-K/V / index-K stores of a layer are one launch, `Attention.norm_rope_store`), or the references.
+attention backend too, the four per-head norms + RoPE and the K/V / index-K stores of a layer are one op,
+`Attention.norm_rope_store`: one launch at decode sizes), or the references.
 When `ctx.extras["record_msa_selection"]` is truthy, each MSA layer's Attention leaves its selections in
 `ctx.extras["msa_selected_block_ids"][layer_idx]` ([num_kv_heads, T, topk] int32, ARCHITECTURE.md layout).
 """
@@ -26,7 +26,6 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ladle.kernels.head_norm_rope import FUSED_PROLOGUE_MAX_TOKENS
 from ladle.layers.attention.layer import Attention, MSAParams
 from ladle.layers.attention.metadata import LayerCacheSpec
 from ladle.layers.backends import op_backends
@@ -93,8 +92,7 @@ class M3Attention(nn.Module):
         t = a.shape[0]
         parts = self.qkv_proj.split(self.qkv_proj(a))  # column views of one GEMM output
         backends = op_backends()
-        if backends.fused_norms and backends.triton_attention and t <= FUSED_PROLOGUE_MAX_TOKENS:
-            # norms, RoPE and cache stores in one launch (decode sizes: FUSED_PROLOGUE_MAX_TOKENS says why)
+        if backends.fused_norms and backends.triton_attention:  # norms, RoPE, cache stores: one op (one launch)
             idx = self.indexer
             q, k, v = (parts[i].view(t, n, self.d) for i, n in ((0, self.nh), (1, self.nkv), (2, self.nkv)))
             index = (parts[3].view(t, idx.ni, idx.di), parts[4], idx.q_norm, idx.k_norm) if idx is not None else ()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ladle.layers.attention.metadata import OpBackends
-from ladle.models import minimax_m3
+from ladle.kernels import head_norm_rope
 from m3_helpers import selection_sets
 
 from drivers.minimax_m3_paged import PagedDriver, load_m3_dir
@@ -25,10 +25,10 @@ def _executed(op: str) -> int:
 
 @pytest.mark.parametrize("prologue_max_tokens", [None, 0])
 def test_kernel_path_matches_torch_path_on_cpu(ckpt, prologue_max_tokens, monkeypatch):
-    """prologue_max_tokens None: the model's rule (every step here is small: the fused qk_norm_rope_store runs);
-    0: the separate per-head norm + RoPE and store ops (what longer prefill steps run)."""
+    """prologue_max_tokens None: qk_norm_rope_store's rule (every step here is small: its one launch runs); 0: its
+    separate ops, the per-head norm + RoPE and store kernels (what longer prefill steps run)."""
     if prologue_max_tokens is not None:
-        monkeypatch.setattr(minimax_m3, "FUSED_PROLOGUE_MAX_TOKENS", prologue_max_tokens)
+        monkeypatch.setattr(head_norm_rope, "FUSED_PROLOGUE_MAX_TOKENS", prologue_max_tokens)
     prologue = ("qk_norm_rope_store",) if prologue_max_tokens is None else ("head_norm_rope", "kv_store",
                                                                               "index_k_store")
     model = load_m3_dir(ckpt, torch.float32, "cpu")
