@@ -14,8 +14,9 @@ weights x 0.02 quantized per 128 group (`quantize_fp8_rows`), random activations
 
 Rows (per M): "triton g1" / "triton g2" = fp8_moe_gemm1 / fp8_moe_gemm2 on the op's plan (CUDA-graph us);
 "cublas g1" / "cublas g2" = the per-expert loop of torch._scaled_mm over the same rows (1x128 activation scales,
-weight scales as 1x128 rows: `fp8_gemm_scaled_mm`), timed in a CUDA graph (GPU time) and eager with event timing
-(what a prefill step would pay, host launch included: 129 calls per GEMM); each checked against fp8_gemm_ref on
+weight scales as 1x128 rows: `fp8_gemm_scaled_mm`), timed in a CUDA graph (GPU time) and eagerly
+(`time_single_us`: what a prefill step would pay, host launches included, 129 calls per GEMM; session 12's call 2
+timed it with its own event loop, without do_bench's L2 flush); each checked against fp8_gemm_ref on
 one routed expert and the shared one (rel err). The per-expert GEMM 1 output is the raw gate/up product (no
 swigluoai, no routed weight): those would be one elementwise pass and the combine, outside these rows.
 Also prints whether torch._scaled_mm accepts 128x128 weight scales and what torch._scaled_grouped_mm says.
@@ -32,7 +33,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from benchmarks.gpu_bench_common import rel_err, sync, time_graph_us  # noqa: E402
+from benchmarks.gpu_bench_common import rel_err, time_graph_us, time_single_us  # noqa: E402
 from benchmarks.gpu_fp8_moe_prefill_ab import fp8_tables  # noqa: E402
 from benchmarks.gpu_quant_suite import Shapes, moe_inputs  # noqa: E402
 from ladle.kernels.fp8_gemm import fp8_gemm_ref, fp8_gemm_scaled_mm  # noqa: E402
@@ -41,20 +42,16 @@ from ladle.kernels.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT  # noqa: E402
 from ladle.kernels.fused_moe_fp8 import fp8_moe_gemm1, fp8_moe_gemm2, fp8_moe_plan  # noqa: E402
 
 
-def eager_us(fn, reps=5) -> float:
-    """Median event-timed wall of fn() on the stream, host launches included (fn launches many kernels)."""
-    fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+def triton_gemms_us(x, ids, wts, tables) -> tuple[float, float]:
+    """CUDA-graph us of fp8_moe_gemm1 / fp8_moe_gemm2 on the served family's plan (block-uniform scales) for x and
+    the routes ids / wts."""
+    w13, s13, w2, s2 = tables
+    plan = fp8_moe_plan(x, w13, s13, w2, s2, ids, wts, block_uniform=True)
+    a_q, a_s = act_quant(x, use_triton=True)
+    g1 = functools.partial(fp8_moe_gemm1, plan, a_q, a_s, w13, s13, SWIGLU_ALPHA, SWIGLU_LIMIT, x.dtype)
+    i_q, i_s = act_quant(g1(), use_triton=True)
+    g2 = functools.partial(fp8_moe_gemm2, plan, i_q, i_s, w2, s2, wts)
+    return time_graph_us([g1]), time_graph_us([g2])
 
 
 def per_expert_operands(x, ids, num_experts, k_dim, gen):
@@ -112,12 +109,7 @@ def main(argv=None) -> int:
         x, (ids, wts) = xs[0], routes[0]
         slots = m * (shapes.k_routed + 1)
         f1, f2 = 2 * slots * 2 * shapes.i * shapes.hid, 2 * slots * shapes.i * shapes.hid
-        plan = fp8_moe_plan(x, w13, s13, w2, s2, ids, wts, block_uniform=True)  # the served family
-        a_q, a_s = act_quant(x, use_triton=True)
-        g1 = functools.partial(fp8_moe_gemm1, plan, a_q, a_s, w13, s13, SWIGLU_ALPHA, SWIGLU_LIMIT, x.dtype)
-        i_q, i_s = act_quant(g1(), use_triton=True)
-        g2 = functools.partial(fp8_moe_gemm2, plan, i_q, i_s, w2, s2, wts)
-        t1, t2 = time_graph_us([g1]), time_graph_us([g2])
+        t1, t2 = triton_gemms_us(x, ids, wts, (w13, s13, w2, s2))
         seg1, seg2 = per_expert_operands(x, ids, shapes.e + 1, shapes.i, gen)
         counts = [s[1].shape[0] for s in seg1]
 
@@ -136,7 +128,7 @@ def main(argv=None) -> int:
             errs.append(rel_err(ys2[j].float(), fp8_gemm_ref(q, s, w2[e], s2[e], torch.float32)))
         del ys1, ys2
         c1g, c2g = time_graph_us([cublas1], replays=10), time_graph_us([cublas2], replays=10)
-        c1e, c2e = eager_us(cublas1), eager_us(cublas2)
+        c1e, c2e = time_single_us(cublas1), time_single_us(cublas2)
         row = dict(M=m, experts=len(seg1), distinct=distinct, rows_routed_median=sorted(counts[:-1])[len(counts) // 2],
                    rows_shared=counts[-1], triton_g1_us=t1, triton_g2_us=t2, cublas_g1_graph_us=c1g,
                    cublas_g2_graph_us=c2g, cublas_g1_eager_us=c1e, cublas_g2_eager_us=c2e,
@@ -144,7 +136,7 @@ def main(argv=None) -> int:
                    tf_cublas_g2=f2 / c2g / 1e6, rel_err_max=max(errs))
         rows.append(row)
         print("ROW", json.dumps(row), flush=True)
-        del seg1, seg2, plan, g1, g2, i_q, i_s
+        del seg1, seg2
         torch.cuda.empty_cache()
     print(f"\n{'M':>6} {'rows/exp':>8} {'triton g1':>10} {'cublas g1 graph/eager':>22} {'triton g2':>10} "
           f"{'cublas g2 graph/eager':>22} {'g1 x':>6} {'g2 x':>6} {'rel_err':>8}")
@@ -172,12 +164,7 @@ def shared_split(sizes, out_path) -> int:
         x, (ids, wts) = xs[0], routes[0]
         row = {"M": m}
         for label, (i, w) in (("k5", (ids, wts)), ("k4", (ids[:, :-1].contiguous(), wts[:, :-1].contiguous()))):
-            plan = fp8_moe_plan(x, w13, s13, w2, s2, i, w, block_uniform=True)
-            a_q, a_s = act_quant(x, use_triton=True)
-            g1 = functools.partial(fp8_moe_gemm1, plan, a_q, a_s, w13, s13, SWIGLU_ALPHA, SWIGLU_LIMIT, x.dtype)
-            i_q, i_s = act_quant(g1(), use_triton=True)
-            g2 = functools.partial(fp8_moe_gemm2, plan, i_q, i_s, w2, s2, w)
-            row[f"triton_{label}_g1_us"], row[f"triton_{label}_g2_us"] = time_graph_us([g1]), time_graph_us([g2])
+            row[f"triton_{label}_g1_us"], row[f"triton_{label}_g2_us"] = triton_gemms_us(x, i, w, (w13, s13, w2, s2))
         e = shapes.e
         a_q, a_s = act_quant(x, use_triton=True, m_major_scale=True)
         h = torch.randn(m, shapes.i, device="cuda").to(torch.bfloat16)
@@ -189,7 +176,8 @@ def shared_split(sizes, out_path) -> int:
         row["err_shared_g2"] = rel_err(c2().float(), fp8_gemm_ref(h_q, h_s, w2[e], s2[e], torch.float32))
         row["cublas_shared_g1_us"], row["cublas_shared_g2_us"] = time_graph_us([c1]), time_graph_us([c2])
         k5 = row["triton_k5_g1_us"] + row["triton_k5_g2_us"]
-        split = row["triton_k4_g1_us"] + row["triton_k4_g2_us"] + row["cublas_shared_g1_us"] + row["cublas_shared_g2_us"]
+        split = sum(row[k] for k in ("triton_k4_g1_us", "triton_k4_g2_us", "cublas_shared_g1_us",
+                                     "cublas_shared_g2_us"))
         row["gemms_k5_us"], row["gemms_split_us"], row["speedup"] = k5, split, k5 / split
         rows.append(row)
         print("ROW", json.dumps(row), flush=True)

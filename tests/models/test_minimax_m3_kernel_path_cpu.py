@@ -1,8 +1,9 @@
 """MiniMax-M3 (tiny preset, float32) on the kernel path (OpBackends.kernels(): fused residual + Gemma RMSNorm,
 per-head norm + RoPE with the KV/index-K stores in one op (qk_norm_rope_store) or as separate ops, dense paged
 attention, MSA indexer, MSA sparse attention, router, fused MoE; one GEMM for the q/k/v and index q/k projections)
-run by the Triton CPU interpreter, against the torch reference path, through a prefill, a chunk that crosses a block boundary, and decode steps that cross another
-(tiny preset: 16-token blocks; positions 30-43 cross 32, decode 44-51 crosses 48)."""
+run by the Triton CPU interpreter, against the torch reference path, through a prefill, a chunk that crosses a
+block boundary, and decode steps that cross another (tiny preset: 16-token blocks; positions 30-43 cross 32,
+decode 44-51 crosses 48)."""
 
 from __future__ import annotations
 
