@@ -205,3 +205,64 @@ def dequantize_ref(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.T
     it is 1.0, so auto caches are read exactly as before)."""
     x = x.to(dtype)
     return x if scale == 1.0 else x * scale
+
+
+# Exact float8_e4m3fn -> bf16, 4 values per instance ($2: 4 bytes in; $0, $1: bf16x2 of bytes 0-1, 2-3). Per pair of
+# values: prmt sign-extends the two bytes into 16-bit halves; shl 4 and the mask leave sign | the 7 exponent+mantissa
+# bits just under bf16's exponent field, which reads as value * 2^-120 (bias gap 127 - 7; e4m3 subnormals land on
+# bf16 subnormals, zero on zero); mul.rn.bf16x2 by 2^120 (0x7B80) is exact. NaN codes (0x7f, 0xff) come out as +-480
+# (the FP8 cache store saturates: they never occur). tests/kernels/test_msa_indexer_decode.py emulates this text.
+E4M3_TO_BF16_PTX = tl.constexpr("""{
+.reg .b32 a<2>, s;
+mov.b32 s, 0x7B807B80;
+prmt.b32 a0, $2, 0, 0x9180;
+prmt.b32 a1, $2, 0, 0xB3A2;
+shl.b32 a0, a0, 4;
+shl.b32 a1, a1, 4;
+and.b32 a0, a0, 0x87F087F0;
+and.b32 a1, a1, 0x87F087F0;
+mul.rn.bf16x2 $0, a0, s;
+mul.rn.bf16x2 $1, a1, s;
+}""")
+
+
+@triton.jit
+def e4m3_to_bf16(raw):
+    """float8_e4m3fn tensor -> bf16, exact (E4M3_TO_BF16_PTX; sm_90). Replaces Hopper's e4m3 -> bf16 cast, which is
+    cvt f16x2.e4m3x2 then cvt bf16.f16 per value, all on the low-throughput conversion unit, with integer ops and
+    one packed multiply."""
+    return tl.inline_asm_elementwise(E4M3_TO_BF16_PTX, "=r,=r,r", [raw.to(tl.int8, bitcast=True)],
+                                     dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
+def cache_tile_to(raw, dtype: tl.constexpr, FP8_BITS: tl.constexpr):
+    """A loaded cache tile in the compute dtype: `e4m3_to_bf16` under FP8_BITS (the launcher checked
+    `fp8_bit_cast_ineligible`), else Triton's cast (exact for every FP8 value; a no-op for an auto cache)."""
+    if FP8_BITS:
+        out = e4m3_to_bf16(raw)
+    else:
+        out = raw.to(dtype)
+    return out
+
+
+def fp8_bit_cast_ineligible(x: torch.Tensor, cache: torch.Tensor) -> Optional[str]:
+    """None when a kernel may cast `cache` tiles with `e4m3_to_bf16` (inline PTX) for bf16 activations x, else why
+    not: a float8_e4m3fn cache, bf16 x, CUDA sm_90+ (not the interpreter)."""
+    if cache.dtype != torch.float8_e4m3fn or x.dtype != torch.bfloat16:
+        return f"cache {cache.dtype}, activations {x.dtype}"
+    if interpreting() or x.device.type != "cuda":
+        return "no inline PTX in the interpreter"
+    if torch.cuda.get_device_capability(x.device) < (9, 0):
+        return "mul.rn.bf16x2 needs sm_90"
+    return None
+
+
+def resolve_fp8_bit_cast(x: torch.Tensor, cache: torch.Tensor, fp8_bit_cast: Optional[bool]) -> bool:
+    """A launcher's `fp8_bit_cast` argument: None -> whether `fp8_bit_cast_ineligible` passes; True where it does
+    not -> ValueError naming why; False -> Triton's cast."""
+    reason = fp8_bit_cast_ineligible(x, cache)
+    if fp8_bit_cast and reason:
+        raise ValueError(f"fp8_bit_cast=True needs a float8_e4m3fn cache, bf16 activations and sm_90+ "
+                         f"(not the interpreter): {reason}; leave it None (auto) or False")
+    return reason is None if fp8_bit_cast is None else bool(fp8_bit_cast)

@@ -8,9 +8,10 @@ softmax sum) plus its base-2 log-sum-exp. NUM_SPLITS is a launch constant chosen
 (batch bucket, KV heads, block-table width, SM count), never from sequence lengths, so a CUDA graph captured for a
 batch bucket replays correctly for any lengths.
 
-FP8 caches: K/V tiles are loaded raw and cast to q's dtype (exact: every e4m3/e5m2 value is a bf16/fp16/fp32
-value); the per-tensor scales are folded, k_scale into the softmax scale (q.(k_scale k) = k_scale (q.k)) and
-v_scale into each split's normalised output (the merge is linear in the outputs).
+FP8 caches: K/V tiles are loaded raw and cast to q's dtype (exact: every e4m3/e5m2 value is a bf16/fp16/fp32 value;
+float8_e4m3fn to bf16 on sm_90 by bit moves, `_common.cache_tile_to`); the per-tensor scales are folded, k_scale
+into the softmax scale (q.(k_scale k) = k_scale (q.k)) and v_scale into each split's normalised output (the merge is
+linear in the outputs).
 
 Stage 2, grid (B, num_q_heads): out = sum_j w_j * o_j / sum_j w_j with w_j = 2^(lse_j - max lse) — the standard
 split-softmax merge (FlashDecoding, Dao et al. 2023). Empty splits carry lse = -inf and weigh 0; a sequence of
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ladle.kernels._common import LOG2E, dot_precision, num_sms, tl, triton
+from ladle.kernels._common import (LOG2E, cache_tile_to, dot_precision, num_sms, resolve_fp8_bit_cast, tl,
+                                   triton)
 
 
 @triton.jit
@@ -30,7 +32,7 @@ def _decode_split_kernel(
     q_stride_t, q_stride_h, bt_stride, scale_log2, v_scale,
     GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr, HKV_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8_BITS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,8 +63,8 @@ def _decode_split_kernel(
         row = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE
         kv_off = row[:, None] * HKV_D + kv_head * HEAD_DIM + offs_d[None, :]
         kv_mask = in_seq[:, None] & mask_d[None, :]
-        k = tl.load(k_cache + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # FP8 cache: raw values, scale below
-        v = tl.load(v_cache + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        k = cache_tile_to(tl.load(k_cache + kv_off, mask=kv_mask, other=0.0), q.dtype, FP8_BITS)  # FP8: raw values
+        v = cache_tile_to(tl.load(v_cache + kv_off, mask=kv_mask, other=0.0), q.dtype, FP8_BITS)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_H, TILE_N]
         s = tl.where(in_seq[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -139,12 +141,14 @@ def decode_attention(
     config: dict | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_bit_cast: bool | None = None,
 ) -> torch.Tensor:
     """Launch decode attention (shapes already checked by `paged_attention`).
 
     Each of the B sequences has exactly one query row, `q[query_start_loc[b]]`. q [T, Hq, D] (T >= B);
     block_table [B, max_blocks] int32; seq_lens [B] int32 (0 allowed: writes zeros). Caches in q's dtype or FP8
-    with per-tensor k_scale / v_scale (dequantized as stored * scale). Returns out [T, Hq, D];
+    with per-tensor k_scale / v_scale (dequantized as stored * scale); fp8_bit_cast as in `prefill_attention`.
+    Returns out [T, Hq, D];
     rows not named by query_start_loc[:B] are left unwritten. Scratch: [B, Hq, NUM_SPLITS, BLOCK_D] float32.
     """
     num_tokens, num_q_heads, head_dim = q.shape
@@ -170,7 +174,8 @@ def decode_attention(
         q.stride(0), q.stride(1), block_table.stride(0), scale * LOG2E * k_scale, float(v_scale),
         GROUP=group, NUM_Q_HEADS=num_q_heads, HKV_D=num_kv_heads * head_dim, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, TILE_N=tile_n,
-        NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), **cfg,
+        NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
+        FP8_BITS=resolve_fp8_bit_cast(q, key_cache, fp8_bit_cast), **cfg,
     )
     _decode_merge_kernel[(num_seqs, num_q_heads)](
         part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),

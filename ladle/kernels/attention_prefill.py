@@ -15,7 +15,8 @@ Within a sequence the tiles run last-first (the causally longest tiles start in 
 Per tile: keys below `ctx + first_query_of_tile + 1` are visible to every row (unmasked loop); the rest, up to
 `min(seq_len, ctx + last_query_of_tile + 1)`, use the causal mask. Softmax is online in base 2
 (scale folded with log2(e)); accumulation in float32.
-FP8 caches: K/V tiles are cast to q's dtype on load (exact), k_scale is folded into the softmax scale and v_scale
+FP8 caches: K/V tiles are cast to q's dtype on load (exact; float8_e4m3fn to bf16 on sm_90 by bit moves,
+`_common.cache_tile_to`), k_scale is folded into the softmax scale and v_scale
 into the normalised output (as in attention_decode.py).
 """
 
@@ -23,21 +24,22 @@ from __future__ import annotations
 
 import torch
 
-from ladle.kernels._common import LOG2E, dot_precision, tl, triton
+from ladle.kernels._common import LOG2E, cache_tile_to, dot_precision, resolve_fp8_bit_cast, tl, triton
 
 
 @triton.jit
 def _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_table, bt_stride, seq_len, q_pos,
                  offs_d, mask_d, HKV_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, scale_log2, DOT_PRECISION: tl.constexpr):
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, scale_log2, DOT_PRECISION: tl.constexpr,
+                 FP8_BITS: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     in_seq = offs_n < seq_len
     blk = tl.load(block_table + seq * bt_stride + offs_n // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
     row = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE  # physical slot of each key
     kv_off = row[:, None] * HKV_D + kv_head * HEAD_DIM + offs_d[None, :]
     kv_mask = in_seq[:, None] & mask_d[None, :]
-    k = tl.load(k_cache + kv_off, mask=kv_mask, other=0.0).to(q.dtype)  # FP8 cache: raw values, scales folded
-    v = tl.load(v_cache + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+    k = cache_tile_to(tl.load(k_cache + kv_off, mask=kv_mask, other=0.0), q.dtype, FP8_BITS)  # FP8: raw values
+    v = cache_tile_to(tl.load(v_cache + kv_off, mask=kv_mask, other=0.0), q.dtype, FP8_BITS)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N] in log2 units
     if MASKED:
         visible = (offs_n[None, :] <= q_pos[:, None]) & in_seq[None, :]
@@ -56,6 +58,7 @@ def _prefill_kernel(
     q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride, num_seqs, scale_log2, v_scale,
     GROUP: tl.constexpr, HKV_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP8_BITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head = tl.program_id(1)
@@ -99,11 +102,11 @@ def _prefill_kernel(
     for n0 in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_table, bt_stride,
                                      seq_len, q_pos, offs_d, mask_d, HKV_D, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
-                                     scale_log2, DOT_PRECISION)
+                                     scale_log2, DOT_PRECISION, FP8_BITS)
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, n0, seq, kv_head, k_cache, v_cache, block_table, bt_stride,
                                      seq_len, q_pos, offs_d, mask_d, HKV_D, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
-                                     scale_log2, DOT_PRECISION)
+                                     scale_log2, DOT_PRECISION, FP8_BITS)
     out = acc / l_i[:, None] * v_scale
     tl.store(out_ptr + q_rows[:, None] * o_stride_t + head * o_stride_h + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
@@ -131,12 +134,14 @@ def prefill_attention(
     config: dict | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_bit_cast: bool | None = None,
 ) -> torch.Tensor:
     """Launch the varlen paged causal kernel (shapes already checked by `paged_attention`).
 
     q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] int32;
     query_start_loc [B+1] int32; seq_lens [B] int32. Caches in q's dtype or FP8 with per-tensor k_scale / v_scale
-    (dequantized as stored * scale). Returns out [T, Hq, D] in q's dtype.
+    (dequantized as stored * scale). fp8_bit_cast: None casts an e4m3 cache with `_common.e4m3_to_bf16` where
+    `_common.fp8_bit_cast_ineligible` passes, False with Triton's cast. Returns out [T, Hq, D] in q's dtype.
     Query rows not covered by any sequence (beyond query_start_loc[-1]) are left unwritten.
     """
     num_tokens, num_q_heads, head_dim = q.shape
@@ -154,6 +159,7 @@ def prefill_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0), num_seqs, scale * LOG2E * k_scale,
         float(v_scale), GROUP=num_q_heads // num_kv_heads, HKV_D=num_kv_heads * head_dim, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype), **cfg,
+        BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
+        FP8_BITS=resolve_fp8_bit_cast(q, key_cache, fp8_bit_cast), **cfg,
     )
     return out

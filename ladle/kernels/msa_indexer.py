@@ -35,7 +35,7 @@ captured in a CUDA graph). Two-launch path:
      dependent table load sits in front of a K tile and the pipeliner keeps num_stages - 1 tiles in flight
      (`pages_per_iter` issues several per iteration, the last group masked). Before this, each tile waited on its
      page-id load (two round trips per 16 KiB tile, one tile in flight per program): the B=32 FP8 decode scan ran
-     at ~27% of copy bandwidth on an H200. float8_e4m3fn caches are cast to bf16 by `E4M3_TO_BF16_PTX` (exact
+     at ~27% of copy bandwidth on an H200. float8_e4m3fn caches are cast to bf16 by `_common.e4m3_to_bf16` (exact
      bit moves, `fp8_bit_cast`), not by Triton's cast, whose two conversion-unit instructions per value made the
      FP8 scan slower than the bf16 one. Tunables (`score_launch`) never change the output.
   2. `_index_topk_kernel`, grid (T, Hkv): forces the local block, masks invisible blocks, and selects the top-k
@@ -64,8 +64,8 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import (check_cache_dtype, decide_triton, dequantize_ref, interpreting, num_sms,
-                                   pow2_dot_reason, reqs_p2, tl, triton, triton_ok)
+from ladle.kernels._common import (check_cache_dtype, decide_triton, cache_tile_to, dequantize_ref, interpreting,
+                                   num_sms, pow2_dot_reason, reqs_p2, resolve_fp8_bit_cast, tl, triton, triton_ok)
 from ladle.kernels.paged_attention import gather_sequence, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
 from ladle.observe import dispatch
@@ -180,34 +180,6 @@ def _select_row(row, out_row, n_vis, TOPK: tl.constexpr, TOPK_P2: tl.constexpr, 
     tl.store(out_row + slot, tl.full([TOPK_P2], -1, tl.int32), mask=(slot >= n_valid) & (slot < TOPK))
 
 
-# Exact float8_e4m3fn -> bf16, 4 values per instance ($2: 4 bytes in; $0, $1: bf16x2 of bytes 0-1, 2-3). Per pair of
-# values: prmt sign-extends the two bytes into 16-bit halves; shl 4 and the mask leave sign | the 7 exponent+mantissa
-# bits just under bf16's exponent field, which reads as value * 2^-120 (bias gap 127 - 7; e4m3 subnormals land on
-# bf16 subnormals, zero on zero); mul.rn.bf16x2 by 2^120 (0x7B80) is exact. NaN codes (0x7f, 0xff) come out as +-480
-# (the FP8 cache store saturates: they never occur). tests/kernels/test_msa_indexer.py emulates this text.
-E4M3_TO_BF16_PTX = tl.constexpr("""{
-.reg .b32 a<2>, s;
-mov.b32 s, 0x7B807B80;
-prmt.b32 a0, $2, 0, 0x9180;
-prmt.b32 a1, $2, 0, 0xB3A2;
-shl.b32 a0, a0, 4;
-shl.b32 a1, a1, 4;
-and.b32 a0, a0, 0x87F087F0;
-and.b32 a1, a1, 0x87F087F0;
-mul.rn.bf16x2 $0, a0, s;
-mul.rn.bf16x2 $1, a1, s;
-}""")
-
-
-@triton.jit
-def _e4m3_to_bf16(raw):
-    """float8_e4m3fn tensor -> bf16, exact (E4M3_TO_BF16_PTX; sm_90). Replaces Hopper's e4m3 -> bf16 cast, which is
-    cvt f16x2.e4m3x2 then cvt bf16.f16 per value, all on the low-throughput conversion unit (it capped the FP8
-    decode scan), with integer ops and one packed multiply."""
-    return tl.inline_asm_elementwise(E4M3_TO_BF16_PTX, "=r,=r,r", [raw.to(tl.int8, bitcast=True)],
-                                     dtype=tl.bfloat16, is_pure=True, pack=4)
-
-
 @triton.jit
 def _score_block(q, k_tile_ptr, ok, b, pos, row_ok, row_blocks, out_row, offs_s, k_scale, BLOCK_SIZE: tl.constexpr,
                  FP32_IEEE: tl.constexpr, FP8_BITS: tl.constexpr):
@@ -218,10 +190,7 @@ def _score_block(q, k_tile_ptr, ok, b, pos, row_ok, row_blocks, out_row, offs_s,
         k = tl.load(k_tile_ptr)
     else:
         k = tl.load(k_tile_ptr, mask=ok, other=0.0)
-    if FP8_BITS:  # float8_e4m3fn cache, bf16 queries, sm_90: exact bit-move cast
-        k = _e4m3_to_bf16(k)
-    else:
-        k = k.to(q.dtype)  # FP8 cache: raw values (exact cast)
+    k = cache_tile_to(k, q.dtype, FP8_BITS)  # FP8 cache: raw values (exact cast; bit moves under FP8_BITS)
     if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong): exact fp32 products
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
@@ -335,17 +304,6 @@ def default_num_splits(num_tokens: int, num_reqs: int, max_blocks: int, block_q:
     return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(max(max_blocks, 1))))
 
 
-def fp8_bit_cast_ineligible(index_q: torch.Tensor, index_k_cache: torch.Tensor) -> Optional[str]:
-    """None when the score kernel may cast the index-K cache with `_e4m3_to_bf16` (inline PTX), else why not."""
-    if index_k_cache.dtype != torch.float8_e4m3fn or index_q.dtype != torch.bfloat16:
-        return f"index-K {index_k_cache.dtype}, index_q {index_q.dtype}"
-    if interpreting() or index_q.device.type != "cuda":
-        return "no inline PTX in the interpreter"
-    if torch.cuda.get_device_capability(index_q.device) < (9, 0):
-        return "mul.rn.bf16x2 needs sm_90"
-    return None
-
-
 @dataclass(frozen=True)
 class ScoreLaunch:
     """Resolved tunables of one `_index_score_kernel` launch (from shapes and dtypes only: CUDA-graph safe)."""
@@ -370,7 +328,7 @@ def score_launch(index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table
     32 KiB buffer would leave room for 3 of the PROGRAMS_PER_SM programs); registers are capped at 65536 /
     (PROGRAMS_PER_SM * 32 * num_warps) = 128 for 4 warps (ptxas gave the bf16 variant 136: again 3 per SM;
     maxnreg=0: no cap). Other shapes keep the block-table walk and 3 stages. float8_e4m3fn caches with bf16 queries
-    on sm_90+ take the bit-move cast (`_e4m3_to_bf16`) at every shape."""
+    on sm_90+ take the bit-move cast (`e4m3_to_bf16`) at every shape."""
     T, B, max_blocks = index_q.shape[0], block_table.shape[0], block_table.shape[1]
     decode = T <= B
     if num_splits is None:
@@ -383,12 +341,7 @@ def score_launch(index_q: torch.Tensor, index_k_cache: torch.Tensor, block_table
         else:  # H200 sweep (benchmarks/results/m3_suite/run5_msa_sweep.json), block-table walk: decode at 8K ran
             # 23.4 vs 26.8 us at B=32 and 71.2 vs 77.9 us at B=128 with 2 stages instead of 3
             num_stages = 2 if decode else 3
-    bit_cast_reason = fp8_bit_cast_ineligible(index_q, index_k_cache)
-    if fp8_bit_cast is None:
-        fp8_bit_cast = bit_cast_reason is None
-    if fp8_bit_cast and bit_cast_reason:
-        raise ValueError(f"fp8_bit_cast=True needs a float8_e4m3fn index-K cache, bf16 index_q and sm_90+ "
-                         f"(not the interpreter): {bit_cast_reason}; leave it None (auto) or False")
+    fp8_bit_cast = resolve_fp8_bit_cast(index_q, index_k_cache, fp8_bit_cast)
     if pages_per_iter < 1:
         raise ValueError(f"pages_per_iter must be >= 1, got {pages_per_iter}")
     pages_p2 = triton.next_power_of_2(triton.cdiv(max_blocks, num_splits)) if prefetch_pages else 0
@@ -415,7 +368,7 @@ def msa_indexer_triton(
     index_k_scale: float = 1.0,  # per-tensor scale of an FP8 index-K cache (stored * scale)
     prefetch_pages: Optional[bool] = None,  # None: T <= B (split's page ids loaded up front, no in-loop table load)
     pages_per_iter: int = 1,  # K tiles issued per loop iteration on the prefetch path (the last group ragged)
-    fp8_bit_cast: Optional[bool] = None,  # None: when `fp8_bit_cast_ineligible` passes (e4m3 cache, bf16 q)
+    fp8_bit_cast: Optional[bool] = None,  # None: when `_common.fp8_bit_cast_ineligible` passes
     maxnreg: Optional[int] = None,  # registers per thread; None: see `score_launch`, 0: no cap
 ) -> torch.Tensor:
     """Triton indexer. Returns `selected_block_ids [Hkv, T, topk] int32` (layout in the module docstring).

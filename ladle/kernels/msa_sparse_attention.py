@@ -47,10 +47,11 @@ prefill/decode batches), else the per-token kernel (decode keeps its split-K pat
 `msa_sparse_attention` is the entry point (use_triton + the eligibility rule `msa_sparse_attention_ineligible`,
 recorded as op "msa_sparse_attention"); `msa_sparse_attention_ref` the torch reference.
 
-FP8 KV caches (`--kv-cache-dtype fp8*`): K/V tiles are cast to q's dtype on load (exact), k_scale is folded into
-the softmax scale and v_scale into the accumulator before it is stored (final output or split partial; the merge
-is linear in the accumulators); the reference dequantizes the gathered rows. The dispatch bucket carries
-" kv=fp8_*".
+FP8 KV caches (`--kv-cache-dtype fp8*`): K/V tiles are cast to q's dtype on load (exact; float8_e4m3fn to bf16 on
+sm_90 by bit moves, `_common.cache_tile_to`, launcher argument `fp8_bit_cast`; Triton's cast issues two
+conversion-unit instructions per value, 2 x 128 x 128 values per key block), k_scale is folded into the softmax
+scale and v_scale into the accumulator before it is stored (final output or split partial; the merge is linear in
+the accumulators); the reference dequantizes the gathered rows. The dispatch bucket carries " kv=fp8_*".
 
 Request lookup: a program finds its token's request by a binary search over query_start_loc (log2(B) dependent
 loads), or, when B < VEC_SEARCH_MAX_REQS (or `vec_search=True`), by one vector load of query_start_loc.
@@ -63,8 +64,9 @@ from typing import Optional
 
 import torch
 
-from ladle.kernels._common import (LOG2E, check_cache_dtype, check_cache_pair, decide_triton, dequantize_ref,
-                                   interpreting, num_sms, pow2_dot_reason, reqs_p2, tl, triton, triton_ok)
+from ladle.kernels._common import (LOG2E, cache_tile_to, check_cache_dtype, check_cache_pair, decide_triton,
+                                   dequantize_ref, interpreting, num_sms, pow2_dot_reason, reqs_p2,
+                                   resolve_fp8_bit_cast, tl, triton, triton_ok)
 from ladle.kernels.msa_sparse_attention_merge import _merge_kernel, merge_group
 from ladle.kernels.paged_attention import gather_sequence, masked_attention_ref, reference_dtype
 from ladle.kernels.split_counters import arrive, release, split_counters
@@ -141,7 +143,7 @@ def _sparse_attn_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SLOTS_PER_SPLIT: tl.constexpr,
     FP32_IEEE: tl.constexpr, SPLIT_DECODE: tl.constexpr, REQS_P2: tl.constexpr,
-    VEC_SEARCH: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    VEC_SEARCH: tl.constexpr, FUSED_MERGE: tl.constexpr, FP8_BITS: tl.constexpr,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
@@ -180,9 +182,9 @@ def _sparse_attn_kernel(
         else:  # many slots per program (prefill): scalar loads pipeline better than per-slot vector reductions
             b = tl.load(sel_row + k)
             page = tl.load(bt_ptr + r * stride_bt + b).to(tl.int64)
-        kt = tl.load(k_ptr + page * stride_kb + kv_off).to(q.dtype)  # FP8 cache: raw values (exact cast)
+        kt = cache_tile_to(tl.load(k_ptr + page * stride_kb + kv_off), q.dtype, FP8_BITS)  # FP8: raw values
         if SPLIT_DECODE:  # decode: issue V with K so both tiles are in flight together (few iterations per program)
-            vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
+            vt = cache_tile_to(tl.load(v_ptr + page * stride_kb + kv_off), q.dtype, FP8_BITS)
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
@@ -192,7 +194,7 @@ def _sparse_attn_kernel(
         s = tl.where(j[None, :] <= pos, s, float("-inf"))
         m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i)
         if not SPLIT_DECODE:
-            vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
+            vt = cache_tile_to(tl.load(v_ptr + page * stride_kb + kv_off), q.dtype, FP8_BITS)
         acc = _pv_step(acc, alpha, p, vt, FP32_IEEE)
     acc = acc * v_scale
 
@@ -224,7 +226,7 @@ def _sparse_attn_tile_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
-    VEC_SEARCH: tl.constexpr,
+    VEC_SEARCH: tl.constexpr, FP8_BITS: tl.constexpr,
 ):
     """Query-tile program: TQ consecutive tokens x GROUP heads of KV head g as the MMA rows (module docstring)."""
     t0 = tl.program_id(0) * TQ
@@ -286,7 +288,7 @@ def _sparse_attn_tile_kernel(
         page = page_key >> 32
         key_u = (page_key & 0x7FFFFFFF).to(tl.int32)
         b = key_u % max_blocks
-        kt = tl.load(k_ptr + page * stride_kb + kv_off).to(q.dtype)  # FP8 cache: raw values (exact cast)
+        kt = cache_tile_to(tl.load(k_ptr + page * stride_kb + kv_off), q.dtype, FP8_BITS)  # FP8: raw values
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
@@ -296,7 +298,7 @@ def _sparse_attn_tile_kernel(
         j = b * BLOCK_SIZE + offs_s
         s = tl.where(chosen[:, None] & (j[None, :] <= pos_r[:, None]), s, float("-inf"))
         m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i)
-        vt = tl.load(v_ptr + page * stride_kb + kv_off).to(q.dtype)
+        vt = cache_tile_to(tl.load(v_ptr + page * stride_kb + kv_off), q.dtype, FP8_BITS)
         acc = _pv_step(acc, alpha, p, vt, FP32_IEEE)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc * v_scale / l_safe[:, None]
@@ -339,7 +341,7 @@ def launch_path(query_tile: int) -> str:
 
 def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
                  tq: int, sm_scale_log2: float, v_scale: float, vec_search: bool, num_warps: Optional[int],
-                 num_stages: Optional[int]) -> None:
+                 num_stages: Optional[int], fp8_bits: bool) -> None:
     """Launch `_sparse_attn_tile_kernel` (arguments checked by `msa_sparse_attention_triton`): grid
     (cdiv(T, tq), Hkv), rows tq x G padded to a power of two >= 16; default 4 warps up to 64 rows, else 8, and 3
     stages (H200, benchmarks/gpu_msa_sparse_ab.py, results/round7/kernels/call2_msa_sparse_ab.json: tile 4 with 4
@@ -356,7 +358,7 @@ def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, pos
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=Hq // Hkv, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
-        REQS_P2=reqs_p2(B), VEC_SEARCH=vec_search,
+        REQS_P2=reqs_p2(B), VEC_SEARCH=vec_search, FP8_BITS=fp8_bits,
         num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 3,
     )
 
@@ -384,6 +386,7 @@ def msa_sparse_attention_triton(
     k_scale: float = 1.0,  # per-tensor scales of FP8 caches (stored * scale)
     v_scale: float = 1.0,
     query_tile: Optional[int] = None,  # None: auto, 0: per-token kernel, TQ: tile kernel (`launch_plan`)
+    fp8_bit_cast: Optional[bool] = None,  # None: when `_common.fp8_bit_cast_ineligible` passes; False: Triton's cast
 ) -> torch.Tensor:
     """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation).
 
@@ -417,9 +420,10 @@ def msa_sparse_attention_triton(
     positions = positions.to(torch.int64)
     if vec_search is None:
         vec_search = B < VEC_SEARCH_MAX_REQS
+    fp8_bits = resolve_fp8_bit_cast(q, key_cache, fp8_bit_cast)
     if tq:
         _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
-                     tq, scale * LOG2E * k_scale, v_scale, bool(vec_search), num_warps, num_stages)
+                     tq, scale * LOG2E * k_scale, v_scale, bool(vec_search), num_warps, num_stages, fp8_bits)
         return out
     per = triton.cdiv(topk, num_splits)
     fused_merge = FUSED_MERGE if fused_merge is None else fused_merge
@@ -439,7 +443,7 @@ def msa_sparse_attention_triton(
         GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=D, BLOCK_SIZE=bs,
         TOPK=topk, TOPK_P2=triton.next_power_of_2(topk), NUM_SPLITS=num_splits, SLOTS_PER_SPLIT=per,
         FP32_IEEE=q.dtype == torch.float32 or interpreting(), SPLIT_DECODE=num_splits > 1,
-        REQS_P2=reqs_p2(B), VEC_SEARCH=bool(vec_search), FUSED_MERGE=fused,
+        REQS_P2=reqs_p2(B), VEC_SEARCH=bool(vec_search), FUSED_MERGE=fused, FP8_BITS=fp8_bits,
         num_warps=num_warps or (8 if big and num_splits == 1 else 4), num_stages=num_stages or 2,
     )
     if num_splits > 1 and not fused:

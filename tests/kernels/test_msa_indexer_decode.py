@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ladle.kernels.msa_indexer as mod
+from ladle.kernels._common import E4M3_TO_BF16_PTX
 from ladle.kernels.msa_indexer import msa_indexer_ref, msa_indexer_triton, score_launch
 from msa_batch import build
 
@@ -169,7 +170,7 @@ def test_e4m3_to_bf16_ptx_every_code():
     """The kernel's PTX text, emulated instruction by instruction on every e4m3 code (4 per word, each code in
     every byte slot): bit-identical to torch's float8_e4m3fn -> bf16 conversion for all finite codes (zero,
     subnormals, the largest 448, both signs); the NaN codes come out as +-480 as documented."""
-    text = mod.E4M3_TO_BF16_PTX.value
+    text = E4M3_TO_BF16_PTX.value
     codes = list(range(256))
     want = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.bfloat16)
     want_bits = (want.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()

@@ -315,3 +315,48 @@ def test_gpu_tile_kernel_real_geometry(tq):
     out = torch.full_like(args[0], float("nan"))
     msa_sparse_attention_triton(*args, out=out, query_tile=tq)
     assert rel_err(out, ref) < 2e-2
+
+
+def _every_code_fp8_cache(shape, seed: int) -> torch.Tensor:
+    """float8_e4m3fn cache [shape] whose bytes are random finite codes, so every code occurs (NaN codes 0x7f / 0xff
+    replaced by 0: the store saturates)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, shape, generator=g, dtype=torch.int32)
+    codes = torch.where((codes & 0x7F) == 0x7F, 0, codes)
+    return codes.to(torch.uint8).view(torch.float8_e4m3fn).cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tq,num_splits", [(4, None), (0, 1), (0, 4)])
+def test_gpu_fp8_bit_cast_equals_triton_cast(tq, num_splits):
+    """H200, float8_e4m3fn K/V caches holding every finite code, bf16 q, per-tensor scales 0.5 / 2.0: the bit-move
+    cast (`_common.cache_tile_to`, default) writes the same output bits as Triton's cast (fp8_bit_cast=False) in the
+    tile kernel and the per-token kernel with and without split-K, and both match the float64 reference."""
+    torch.manual_seed(11)
+    args, _ = _real_geometry_case([(0, 300), (700, 62), (1500, 1), (2047, 1)], topk=16)
+    q, kc, vc = args[:3]
+    kc8, vc8 = _every_code_fp8_cache(kc.shape, 1), _every_code_fp8_cache(vc.shape, 2)
+    q = (q * 0.01).bfloat16()  # |k| up to 448: keep the logits in a range where the softmax is not one-hot
+    args = (q, kc8, vc8, *args[3:])
+    outs = []
+    for bit_cast in (None, False):
+        out = torch.full_like(q, float("nan"))
+        msa_sparse_attention_triton(*args, out=out, query_tile=tq, num_splits=num_splits, k_scale=0.5, v_scale=2.0,
+                                    fp8_bit_cast=bit_cast)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    ref = msa_sparse_attention_ref(q.double(), kc8, vc8, *args[3:], k_scale=0.5, v_scale=2.0)
+    assert rel_err(outs[0], ref) < 2e-2
+
+
+def test_fp8_bit_cast_refused_where_it_cannot_run():
+    """fp8_bit_cast=True on the CPU interpreter or with a non-e4m3 cache is refused with the reason; None (auto)
+    falls back to Triton's cast there."""
+    from ladle.kernels._common import fp8_bit_cast_ineligible, resolve_fp8_bit_cast
+    q = torch.zeros(2, 4, 16, dtype=torch.bfloat16)
+    k8 = torch.zeros(3, 16, 1, 16, dtype=torch.float8_e4m3fn)
+    assert fp8_bit_cast_ineligible(q, k8) == "no inline PTX in the interpreter"
+    assert "float8_e5m2" in fp8_bit_cast_ineligible(q, k8.to(torch.float8_e5m2))
+    assert resolve_fp8_bit_cast(q, k8, None) is False and resolve_fp8_bit_cast(q, k8, False) is False
+    with pytest.raises(ValueError, match="fp8_bit_cast=True needs"):
+        resolve_fp8_bit_cast(q, k8, True)

@@ -85,3 +85,35 @@ def test_gpu_prefill_and_decode_bf16(head_dim, hq, hkv, block_size):
     d = build([1] * 40, [int(x) for x in torch.randint(0, 3000, (40,))], num_q_heads=hq, num_kv_heads=hkv,
               head_dim=head_dim, block_size=block_size, dtype=torch.bfloat16, device="cuda")
     assert rel_err(paged_attention(d.q, d.key_cache, d.value_cache, d.md, scale), oracle(d, scale)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode", [True, False])
+def test_gpu_fp8_bit_cast_equals_triton_cast(decode):
+    """H200, float8_e4m3fn caches holding every finite code, bf16 q, scales 0.5 / 2.0: the bit-move cast
+    (`_common.cache_tile_to`, default) gives the same output bits as Triton's cast (fp8_bit_cast=False), decode and
+    prefill kernels, and both match the float64 reference on the dequantized caches."""
+    from ladle.kernels.attention_prefill import prefill_attention
+    q_lens, ctx = ([1] * 24, [int(x) for x in torch.randint(0, 3000, (24,))]) if decode else ([300, 77, 513],
+                                                                                             [0, 129, 40])
+    b = build(q_lens, ctx, num_q_heads=16, num_kv_heads=2, head_dim=128, block_size=16, dtype=torch.bfloat16,
+              device="cuda")
+    g = torch.Generator().manual_seed(3)
+    caches = []
+    for c in (b.key_cache, b.value_cache):
+        codes = torch.randint(0, 256, c.shape, generator=g, dtype=torch.int32)
+        codes = torch.where((codes & 0x7F) == 0x7F, 0, codes)  # no NaN codes: the store saturates
+        caches.append(codes.to(torch.uint8).view(torch.float8_e4m3fn).cuda())
+    q = (b.q * 0.01).bfloat16()
+    md, scale = b.md, 128**-0.5
+    kernel = decode_attention if decode else prefill_attention
+    outs = []
+    for bit_cast in (None, False):
+        out = torch.zeros_like(q)
+        kernel(q, *caches, md.block_table, md.query_start_loc, md.seq_lens, scale, out=out, k_scale=0.5,
+               v_scale=2.0, fp8_bit_cast=bit_cast)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    ref = paged_attention_ref(q.double(), *caches, md, scale, k_scale=0.5, v_scale=2.0)
+    n = md.num_actual_tokens
+    assert rel_err(outs[0][:n], ref[:n]) < 2e-2
