@@ -5,7 +5,6 @@ msa_sparse_attention.py). A script, not a test:
     PYTHONPATH=. python3 benchmarks/gpu_msa_sparse_ab.py --out msa_sparse_ab.json [--time-budget-s 90]  # H200
     python3 benchmarks/gpu_msa_sparse_ab.py --smoke     # CPU: Triton interpreter, tiny shapes, errors only
     PYTHONPATH=. python3 benchmarks/gpu_msa_sparse_ab.py --bit-cast --out msa_bitcast_ab.json  # the FP8 cast A/B
-    PYTHONPATH=. python3 benchmarks/gpu_msa_sparse_ab.py --key-tiles --out msa_keytile_ab.json  # tile kernel key tiles
 
 Shapes: one TP4 rank of MiniMax-M3 (16 query heads on 1 KV head, head_dim 128, block 128, top-k 16), bf16
 queries, float8_e4m3fn K/V caches with scales 1, one layer call per timed call:
@@ -77,17 +76,6 @@ BITCAST_PREFILL = [
     ("token cvt", dict(query_tile=0, fp8_bit_cast=False)),
     ("token bits", dict(query_tile=0)),
 ]
-# --key-tiles: the tile kernel walking each block as key tiles of 128 / 64 / 32 keys (`key_tile`), stages 2-4
-KEYTILE_PREFILL = [
-    ("kt128 s3", dict(query_tile=4)),
-    ("kt128 s2", dict(query_tile=4, num_stages=2)),
-    ("kt64 s2", dict(query_tile=4, key_tile=64, num_stages=2)),
-    ("kt64 s3", dict(query_tile=4, key_tile=64, num_stages=3)),
-    ("kt64 s4", dict(query_tile=4, key_tile=64, num_stages=4)),
-    ("kt32 s3", dict(query_tile=4, key_tile=32, num_stages=3)),
-    ("kt32 s4", dict(query_tile=4, key_tile=32, num_stages=4)),
-    ("tile8 w8 kt64", dict(query_tile=8, num_warps=8, key_tile=64, num_stages=2)),
-]
 BITCAST_DECODE = [
     ("token cvt", dict(query_tile=0, fp8_bit_cast=False)),
     ("token bits", dict(query_tile=0)),
@@ -97,9 +85,9 @@ BITCAST_DECODE = [
 SMOKE_VARIANTS = [PREFILL_VARIANTS[0], PREFILL_VARIANTS[1], PREFILL_VARIANTS[5], ("auto", {})]
 
 
-def cases(s: dict, smoke: bool, bit_cast: bool = False, key_tiles: bool = False) -> list[tuple[str, list, str, list]]:
+def cases(s: dict, smoke: bool, bit_cast: bool = False) -> list[tuple[str, list, str, list]]:
     """(label, [(context, new tokens)] per request, selection mode, variants) of the four cases (with bit_cast the
-    --bit-cast variants and a second decode case, B = 128; with key_tiles the --key-tiles variants, no decode)."""
+    --bit-cast variants and a second decode case, B = 128)."""
     ctx = s["ctx"]
     chunk, nd = (ctx // 4, 32) if not smoke else (ctx // 8, 4)
     prefill = PREFILL_VARIANTS if not smoke else SMOKE_VARIANTS
@@ -114,8 +102,6 @@ def cases(s: dict, smoke: bool, bit_cast: bool = False, key_tiles: bool = False)
     ]
     if bit_cast and not smoke:
         out.insert(3, (f"(c) decode B=128 ctx={ctx}", [(ctx - 1, 1)] * 128, "random", decode))
-    if key_tiles and not smoke:
-        out = [(label, reqs, mode, KEYTILE_PREFILL) for label, reqs, mode, _ in out if not label.startswith("(c)")]
     return out
 
 
@@ -223,8 +209,6 @@ def main(argv=None) -> int:
     ap.add_argument("--bit-cast", action="store_true",
                     help="A/B of the FP8 cast: Triton's (fp8_bit_cast=False) against the bit-move cast; x base = "
                          "speed-up against each case's first variant")
-    ap.add_argument("--key-tiles", action="store_true",
-                    help="A/B of the tile kernel's key tile (128 / 64 / 32 keys per K/V tile) and stages, prefill")
     args = ap.parse_args(argv)
     s = SMOKE if args.smoke else FULL
     t_start = time.time()
@@ -232,7 +216,7 @@ def main(argv=None) -> int:
     bw = float("nan") if args.smoke else measure_copy_bandwidth()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     rows: list[dict] = []
-    for label, reqs, mode, variants in cases(s, args.smoke, args.bit_cast, args.key_tiles):
+    for label, reqs, mode, variants in cases(s, args.smoke, args.bit_cast):
         try:
             c = build_case(s, reqs, mode, decode=label.startswith("(c)"))
         except Exception as exc:  # noqa: BLE001

@@ -85,9 +85,6 @@ FUSED_MERGE = True
 # G = 16), measured best on the H200 (`_launch_tile`'s docstring; TQ 8 with 8 warps: 1.17x / 2.48x / 0.74x where
 # TQ 4 gives 1.47x / 2.78x / 1.04x the per-token kernel).
 TILE_TOKENS = 4
-# Keys per K/V tile of the tile kernel (a block of block_size keys is walked as block_size // TILE_KEYS tiles; the
-# launcher argument `key_tile` overrides it): smaller tiles need less shared memory per pipeline stage.
-TILE_KEYS = 128
 COUNTER_KEY = OP
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET), pow2 block_size and head_dim")
 
@@ -229,10 +226,9 @@ def _sparse_attn_tile_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TOPK: tl.constexpr, TOPK_P2: tl.constexpr, FP32_IEEE: tl.constexpr, REQS_P2: tl.constexpr,
-    VEC_SEARCH: tl.constexpr, FP8_BITS: tl.constexpr, KEY_TILE: tl.constexpr,
+    VEC_SEARCH: tl.constexpr, FP8_BITS: tl.constexpr,
 ):
-    """Query-tile program: TQ consecutive tokens x GROUP heads of KV head g as the MMA rows (module docstring);
-    each union key (a block) is walked as BLOCK_SIZE // KEY_TILE key tiles of KEY_TILE rows."""
+    """Query-tile program: TQ consecutive tokens x GROUP heads of KV head g as the MMA rows (module docstring)."""
     t0 = tl.program_id(0) * TQ
     g = tl.program_id(1)
     N: tl.constexpr = TQ * TOPK_P2
@@ -277,37 +273,32 @@ def _sparse_attn_tile_kernel(
     key_r = tl.where((sel_r >= 0) & (req_r[:, None] >= 0), req_r[:, None] * max_blocks + sel_r, NO_KEY)
 
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_s = tl.arange(0, KEY_TILE)
+    offs_s = tl.arange(0, BLOCK_SIZE)
     head = g * GROUP + rows % GROUP
     q_off = t_r[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=in_r[:, None], other=0.0)
-    kv_off = offs_s[:, None] * stride_ks + g * stride_kh + offs_d[None, :]  # [KEY_TILE, D]
-    SUBS: tl.constexpr = BLOCK_SIZE // KEY_TILE
+    kv_off = offs_s[:, None] * stride_ks + g * stride_kh + offs_d[None, :]  # [BS, D]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for it in range(0, n_union * SUBS):
-        # key tile `sub` of the unique key of rank u: no loop-carried state, so the pipeliner prefetches the K/V
-        # tiles
-        u = it // SUBS
-        sub = it % SUBS
+    for u in range(0, n_union):
+        # the unique key of rank u: no loop-carried state, so the pipeliner prefetches the K/V tiles
         page_key = tl.sum(tl.where(first & (rank == u), page_key_f, 0), axis=0)
         page = page_key >> 32
         key_u = (page_key & 0x7FFFFFFF).to(tl.int32)
         b = key_u % max_blocks
-        tile_off = page * stride_kb + sub * KEY_TILE * stride_ks
-        kt = cache_tile_to(tl.load(k_ptr + tile_off + kv_off), q.dtype, FP8_BITS)  # FP8: raw values
+        kt = cache_tile_to(tl.load(k_ptr + page * stride_kb + kv_off), q.dtype, FP8_BITS)  # FP8: raw values
         if FP32_IEEE:  # fp32 inputs, or the interpreter (whose bf16 tl.dot is wrong)
             s = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(kt))
         s = s * sm_scale_log2
         chosen = tl.max((key_r == key_u).to(tl.int32), axis=1) > 0  # [BLOCK_M]
-        j = b * BLOCK_SIZE + sub * KEY_TILE + offs_s
+        j = b * BLOCK_SIZE + offs_s
         s = tl.where(chosen[:, None] & (j[None, :] <= pos_r[:, None]), s, float("-inf"))
         m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i)
-        vt = cache_tile_to(tl.load(v_ptr + tile_off + kv_off), q.dtype, FP8_BITS)
+        vt = cache_tile_to(tl.load(v_ptr + page * stride_kb + kv_off), q.dtype, FP8_BITS)
         acc = _pv_step(acc, alpha, p, vt, FP32_IEEE)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc * v_scale / l_safe[:, None]
@@ -350,7 +341,7 @@ def launch_path(query_tile: int) -> str:
 
 def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
                  tq: int, sm_scale_log2: float, v_scale: float, vec_search: bool, num_warps: Optional[int],
-                 num_stages: Optional[int], fp8_bits: bool, key_tile: Optional[int]) -> None:
+                 num_stages: Optional[int], fp8_bits: bool) -> None:
     """Launch `_sparse_attn_tile_kernel` (arguments checked by `msa_sparse_attention_triton`): grid
     (cdiv(T, tq), Hkv), rows tq x G padded to a power of two >= 16; default 4 warps up to 64 rows, else 8, and 3
     stages (H200, benchmarks/gpu_msa_sparse_ab.py, results/round7/kernels/call2_msa_sparse_ab.json: tile 4 with 4
@@ -367,7 +358,7 @@ def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, pos
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         GROUP=Hq // Hkv, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
-        REQS_P2=reqs_p2(B), VEC_SEARCH=vec_search, FP8_BITS=fp8_bits, KEY_TILE=min(key_tile or TILE_KEYS, bs),
+        REQS_P2=reqs_p2(B), VEC_SEARCH=vec_search, FP8_BITS=fp8_bits,
         num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 3,
     )
 
@@ -396,7 +387,6 @@ def msa_sparse_attention_triton(
     v_scale: float = 1.0,
     query_tile: Optional[int] = None,  # None: auto, 0: per-token kernel, TQ: tile kernel (`launch_plan`)
     fp8_bit_cast: Optional[bool] = None,  # None: when `_common.fp8_bit_cast_ineligible` passes; False: Triton's cast
-    key_tile: Optional[int] = None,  # tile kernel: keys per K/V tile (None: TILE_KEYS; a power of two <= block size)
 ) -> torch.Tensor:
     """Triton sparse attention. Returns out [T, Hq, D] in q.dtype (fp32 softmax and accumulation).
 
@@ -422,8 +412,6 @@ def msa_sparse_attention_triton(
         scale = 1.0 / math.sqrt(D)
     num_splits, tq = launch_plan(T, B, Hkv, topk, dev, num_splits, query_tile)
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
-    if key_tile is not None and (key_tile < 16 or key_tile & (key_tile - 1)):
-        raise ValueError(f"key_tile must be None (TILE_KEYS) or a power of two >= 16, got {key_tile}")
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.stride(-1) == 1
@@ -435,8 +423,7 @@ def msa_sparse_attention_triton(
     fp8_bits = resolve_fp8_bit_cast(q, key_cache, fp8_bit_cast)
     if tq:
         _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
-                     tq, scale * LOG2E * k_scale, v_scale, bool(vec_search), num_warps, num_stages, fp8_bits,
-                     key_tile)
+                     tq, scale * LOG2E * k_scale, v_scale, bool(vec_search), num_warps, num_stages, fp8_bits)
         return out
     per = triton.cdiv(topk, num_splits)
     fused_merge = FUSED_MERGE if fused_merge is None else fused_merge
