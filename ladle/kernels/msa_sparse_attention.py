@@ -339,6 +339,14 @@ def launch_path(query_tile: int) -> str:
     return f"tile{query_tile}" if query_tile else "token"
 
 
+def tile_stages(q: torch.Tensor, key_cache: torch.Tensor) -> int:
+    """Default pipeline stages of the tile kernel: 3 for bf16 / fp16 queries over 1- or 2-byte caches; 1 when either
+    is float32 (the fp32 "ieee" path of the GPU oracle tests): its 3-stage K/V buffers overflow the SM's shared
+    memory at block 128 x D 128 (H200, session 13, tests/models/test_minimax_m3_gpu_greedy.py's fp32 case: 278,528
+    bytes asked, 232,448 available). Stages change no result."""
+    return 3 if max(q.element_size(), key_cache.element_size()) <= 2 else 1
+
+
 def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, positions, query_start_loc, out,
                  tq: int, sm_scale_log2: float, v_scale: float, vec_search: bool, num_warps: Optional[int],
                  num_stages: Optional[int], fp8_bits: bool) -> None:
@@ -359,7 +367,7 @@ def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, pos
         GROUP=Hq // Hkv, TQ=tq, BLOCK_M=block_m, HEAD_DIM=D, BLOCK_SIZE=bs, TOPK=topk,
         TOPK_P2=triton.next_power_of_2(topk), FP32_IEEE=q.dtype == torch.float32 or interpreting(),
         REQS_P2=reqs_p2(B), VEC_SEARCH=vec_search, FP8_BITS=fp8_bits,
-        num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or 3,
+        num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages or tile_stages(q, key_cache),
     )
 
 

@@ -360,3 +360,13 @@ def test_fp8_bit_cast_refused_where_it_cannot_run():
     assert resolve_fp8_bit_cast(q, k8, None) is False and resolve_fp8_bit_cast(q, k8, False) is False
     with pytest.raises(ValueError, match="fp8_bit_cast=True needs"):
         resolve_fp8_bit_cast(q, k8, True)
+
+
+def test_tile_stages_fp32_single_stage():
+    """The tile kernel's default stages: 3 for bf16 q over bf16 / fp8 caches, 1 when q or the cache is float32 (its
+    3-stage buffers overflowed an H200's shared memory in the fp32 GPU oracle test)."""
+    from ladle.kernels.msa_sparse_attention import tile_stages
+    q16, q32 = torch.zeros(1, 1, 8, dtype=torch.bfloat16), torch.zeros(1, 1, 8)
+    for cache_dtype, want16 in ((torch.bfloat16, 3), (torch.float8_e4m3fn, 3), (torch.float32, 1)):
+        cache = torch.zeros(1, 16, 1, 8, dtype=cache_dtype)
+        assert tile_stages(q16, cache) == want16 and tile_stages(q32, cache) == 1
