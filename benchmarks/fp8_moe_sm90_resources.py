@@ -5,9 +5,10 @@ needed (Triton's own ptxas; `ptxas -v` reports registers and spills). A script, 
     PYTHONPATH=. python3 benchmarks/fp8_moe_sm90_resources.py      # CPU, about 1-2 min (about 15 kernels)
 
 Arguments are specialized as the JIT launcher does on the GPU for one TP4 rank of MiniMax-M3 (H 6144, I 768, 5 slots
-per token): pointers 16-byte aligned, integers typed and marked divisible by 16 from their values. CTAs per SM =
-min(65536 registers / (threads x registers), 232448 bytes / (shared + 1 KiB reserved)): the occupancy that lets
-one CTA's scale-and-add run while another's wgmma does (module doc of fused_moe_fp8.py, "K loop").
+per token; GEMM 2 writes bf16 slot rows, as at prefill since round 10): pointers 16-byte aligned, integers typed and
+marked divisible by 16 from their values. CTAs per SM = min(65536 registers / (threads x registers), 232448 bytes /
+(shared + 1 KiB reserved)): the occupancy that lets one CTA's scale-and-add run while another's wgmma does (module
+doc of fused_moe_fp8.py, "K loop").
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ladle.kernels import fused_moe_fp8 as moe8  # noqa: E402
 from ladle.kernels.fused_moe import select_config  # noqa: E402
 
 M, H, I, SLOTS = 8192, 6144, 768, 5
-POINTERS = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "inter_ptr": "*bf16", "out_ptr": "*fp32", "as_ptr": "*fp32",
+POINTERS = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "inter_ptr": "*bf16", "out_ptr": "*bf16", "as_ptr": "*fp32",
             "ws_ptr": "*fp32", "topk_w_ptr": "*fp32", "sorted_ptr": "*i32", "expert_ptr": "*i32", "npp_ptr": "*i32"}
 VALUES = {  # the integer / float arguments of each kernel at the M3 shapes
     1: dict(numel=M * SLOTS, topk_cols=SLOTS, N_HALF=I, K=H, num_kb=H // 128, num_akb=H // 128,
@@ -70,11 +71,13 @@ def ptxas_usage(kernel) -> tuple[int, int]:
 def main():
     print(f"{'variant':<20} {'kernel':<6} {'BM,BN,warps,stages':<20} {'regs':>5} {'spill B':>8} {'smem B':>8} "
           f"{'CTAs/SM':>8} {'warps/SM':>9}")
-    for name, cfg, opt in PREFILL:
+    for row in PREFILL:  # (name, tile, options[, slot dtype])
+        name, cfg, opt = row[:3]
         cfg, opt = cfg or select_config(M, "fp8"), opt or moe8.select_options(M)
         for which, bn in ((1, cfg.block_n1), (2, cfg.block_n2)):
             consts = dict(BM=cfg.block_m, BN=bn, BK=128, E8M0=False, F32_DOT=False, K_UNROLL=opt.k_unroll,
-                          EVEN_K=True, BLOCK_SCALES=opt.block_scales, **({"GU_DOT": opt.gu_dot} if which == 1 else {}))
+                          EVEN_K=True, BLOCK_SCALES=opt.block_scales,
+                          **({"GU_DOT": opt.gu_dot} if which == 1 else {"N_TILES": opt.gemm2_n_tiles}))
             fn = moe8._fp8_gemm1_kernel if which == 1 else moe8._fp8_gemm2_kernel
             tile = f"{cfg.block_m},{bn},w{cfg.num_warps},s{cfg.num_stages}"
             try:

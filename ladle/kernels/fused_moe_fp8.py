@@ -32,7 +32,11 @@ change how much work each such step carries and how many CTAs share an SM to hid
             (ladle/quant/fp8_moe.py) checks `block_scales_uniform` on its tables once and passes block_uniform,
             which selects the "fp8_block" rows of MOE_TILES / FP8_MOE_OPTIONS.
             ptxas (sm_90a, offline) for BM 64 / 8 warps / 3 stages: GEMM 1 gate+up 168 -> 120 registers, GEMM 2
-            (BN2 128) 172 -> 124, so 2 CTAs (16 warps) per SM instead of 1.
+            (BN2 128) 172 -> 124, so 2 CTAs (16 warps) per SM instead of 1 (as of round 9). Session 13
+            (benchmarks/fp8_moe_sm90_resources.py): the served GEMM 2 (BN2 128, 4 stages, 4 column tiles, bf16
+            slot rows) had grown to 238 registers, 1 CTA per SM, while GEMM 1 kept 120 and 2; its epilogue now
+            loads the tile's slots and routed weights after the K loop (`_store_gemm2_tile`): 128 registers, no
+            spills, 2 CTAs per SM. Its speed on the H200 is not measured yet.
 EVEN_K (K a multiple of BK * k_unroll, true for M3) drops the K masks of the loads.
 The reference `fused_moe_fp8_ref` dequantizes both operands at the same points (x and the intermediate quantized
 by `act_quant_ref`) and runs the per-expert math of `fused_moe_ref`, so it differs from the kernel only by
@@ -194,6 +198,20 @@ def _fp8_gemm1_kernel(
 
 
 @triton.jit
+def _store_gemm2_tile(acc, out_ptr, sorted_ptr, topk_w_ptr, offs_m, offs_n, n_ok, numel, N):
+    """GEMM 2 epilogue of one [BM, BN] tile: out_slots rows of the tile's slots = routed weight x acc. The slots and
+    routed weights are loaded here, after the K loop, not before it: held across the loop, the row-shaped pointers
+    and weights cost GEMM 2 about 110 registers per thread (sm_90a ptxas, served prefill tile BM 64 / BN2 128 / 8
+    warps / 4 stages / 4 column tiles: 238 registers, 1 CTA per SM; loaded here: 128, no spills, 2 CTAs per SM, as
+    GEMM 1 runs; benchmarks/fp8_moe_sm90_resources.py)."""
+    slot = tl.load(sorted_ptr + offs_m)
+    row_ok = slot < numel
+    wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
+    store_slot_rows(out_ptr + slot[:, None].to(tl.int64) * N + offs_n[None, :], acc * wt[:, None],
+                    row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _fp8_gemm2_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K, num_kb, num_akb, stride_we, stride_wse,
@@ -211,8 +229,6 @@ def _fp8_gemm2_kernel(
     a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]
     as_ptrs = as_ptr + rows * num_akb
     up_col = tl.arange(0, BN) < 0
-    wt = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0)
-    out_rows = out_ptr + slot[:, None].to(tl.int64) * N
     n0 = tl.min(offs_w, 0)  # first column of the program's first tile
     acc = tl.zeros([BM, BN], tl.float32)
     if N_TILES == 1:
@@ -226,7 +242,7 @@ def _fp8_gemm2_kernel(
                 a, a_s = _act_step(a_ptrs, as_ptrs, kb0 + j, row_ok, offs_k, K, BK, EVEN_K)
                 w_s = _weight_scale(bs_ptrs, blk, blk, up_col, kb0 + j, n_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
                 acc = _weight_step(a, a_s, b_ptrs, w_s, kb0 + j, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
-        store_slot_rows(out_rows + offs_n[None, :], acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
+        _store_gemm2_tile(acc, out_ptr, sorted_ptr, topk_w_ptr, offs_m, offs_n, n_ok, numel, N)
     else:
         for it in range(0, N_TILES * num_kb):  # flattened (column tile, K step), K fastest
             t = it // num_kb
@@ -241,7 +257,7 @@ def _fp8_gemm2_kernel(
             w_s = _weight_scale(bs_ptrs, blk, blk, up_col, kb, n_ok, K, BK, EVEN_K, E8M0, BLOCK_SCALES)
             acc = _weight_step(a, a_s, b_ptrs, w_s, kb, n_ok, offs_k, K, acc, BK, EVEN_K, F32_DOT)
             if kb == num_kb - 1:
-                store_slot_rows(out_rows + offs_n[None, :], acc * wt[:, None], row_ok[:, None] & n_ok[None, :])
+                _store_gemm2_tile(acc, out_ptr, sorted_ptr, topk_w_ptr, offs_m, offs_n, n_ok, numel, N)
                 acc = tl.zeros([BM, BN], tl.float32)
 
 
