@@ -66,9 +66,8 @@ PREFILL_VARIANTS = [
 DECODE_VARIANTS = [(TODAY, dict(query_tile=0)), ("auto", {})]
 # --bit-cast: Triton's e4m3 -> bf16 cast (fp8_bit_cast=False, the kernels before round 13) against the bit-move cast
 # (`_common.cache_tile_to`, the default since), with a few launch shapes that the cheaper cast may favour
-CVT = "tile4 cvt"
 BITCAST_PREFILL = [
-    (CVT, dict(query_tile=4, fp8_bit_cast=False)),
+    ("tile4 cvt", dict(query_tile=4, fp8_bit_cast=False)),
     ("tile4 bits", dict(query_tile=4)),
     ("tile4 bits s2", dict(query_tile=4, num_stages=2)),
     ("tile4 bits w8", dict(query_tile=4, num_warps=8)),

@@ -223,7 +223,7 @@ def _fp8_gemm2_kernel(
     pid_m, offs_w, _ = moe_tile_cols(N, BN * N_TILES)
     if pid_m * BM >= tl.load(npp_ptr):
         return
-    e, offs_m, slot, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)
+    e, offs_m, _, row_ok = moe_tile_rows(sorted_ptr, expert_ptr, pid_m, numel, BM)  # slots: at the store
     offs_k = tl.arange(0, BK)
     rows = offs_m.to(tl.int64)
     a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]
