@@ -83,7 +83,9 @@ MOE_TILES: dict[str, tuple[tuple[int, MoETileConfig], ...]] = {
     # 1.08x at M = 8192 and 1.13x at 2048 in one run. Above 8192 tokens (a served 32K-token step), 128-row tiles
     # once GEMM 2 loads its slots in the epilogue (round 14 call 1, results/round14/call1/fp8_moe_prefill.log, one
     # run): op 8,856 against 9,681 us (1.09x; GEMM 1 1.14x, GEMM 2 1.05x) at M = 32768, 2,563 against 2,565 us at
-    # 8192 (equal, so the 64-row tile keeps that bucket).
+    # 8192 (equal, so the 64-row tile keeps that bucket); 4,604 against 4,754 us at 16384 (call 3). FusedMoE calls
+    # the kernels with at most MOE_CHUNK_TOKENS (8192) tokens, so served steps do not reach this row yet
+    # (ladle/layers/moe.py).
     "fp8_block": ((16, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
                   (64, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
                   (256, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=5)),
