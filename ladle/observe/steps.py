@@ -9,6 +9,11 @@ Steps that schedule nothing return before `end` and are not recorded. Served as 
 /debug/shapes (ladle/server/debug.py). Cost: a few dict updates and one pass over the step's chunks (measured by
 benchmarks/observe_cost.py and tests/observe/test_steps.py; about 20-40 us per step on the CPU test machine).
 
+Host time: from the step's `begin` to its `end`. Under --async-scheduling (ladle/engine/engine_core.py) step N ends
+only after step N+1 has been scheduled and launched, so consecutive steps' host times overlap and their sum exceeds
+the wall time (about twice it when every step overlaps: issue 11's c = 128 line, benchmarks/results/round14/README.md,
+summed 143 s of host time over about 80 s). The sampled GPU time below is the step's own.
+
 GPU time: with `--observe-timing`, every `--observe-timing-interval`-th step brackets the step with two CUDA
 events (the step ends in a device->host copy anyway, so reading the pair adds no sync of its own) and times each
 op launch of that step (ladle/observe/op_timing.py: CUDA events per launch, eager steps only; a graph replay is
