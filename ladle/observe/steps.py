@@ -12,7 +12,7 @@ benchmarks/observe_cost.py and tests/observe/test_steps.py; about 20-40 us per s
 Host time: from the step's `begin` to its `end`. Under --async-scheduling (ladle/engine/engine_core.py) step N ends
 only after step N+1 has been scheduled and launched, so consecutive steps' host times overlap and their sum exceeds
 the wall time (about twice it when every step overlaps: issue 11's c = 128 line, benchmarks/results/round14/README.md,
-summed 143 s of host time over about 80 s). The sampled GPU time below is the step's own.
+summed 143 s of host time over about 72 s). The sampled GPU time below is the step's own.
 
 GPU time: with `--observe-timing`, every `--observe-timing-interval`-th step brackets the step with two CUDA
 events (the step ends in a device->host copy anyway, so reading the pair adds no sync of its own) and times each
