@@ -1,6 +1,8 @@
 """Summary of a served point from /debug/steps and /debug/shapes (round 8, call 1): steps since T0 (epoch seconds)
 split into decode-only and prefill-carrying steps, the first and the slowest steps, prefill rate per step kind, and
 the measured per-op rows (--observe-timing; cumulative since the server started, also written to OPS_JSON).
+Host times overlap under --async-scheduling (their sum is up to ~2x the wall time; round 14): the sampled steps' GPU
+time, printed per kind since round 14, is each step's own.
 Usage: python3 steps_summary.py URL T0 [OPS_JSON]"""
 import json
 import statistics
@@ -15,10 +17,14 @@ dec = [s for s in steps if not s["prefill_tokens"]]
 pre = [s for s in steps if s["prefill_tokens"]]
 for name, group in (("decode-only", dec), ("with prefill", pre)):
     if group:
+        # Under --async-scheduling consecutive steps' host times overlap (ladle/observe/steps.py): their sum is up to
+        # ~2x the wall time. The sampled steps' GPU time (--observe-timing) is each step's own.
+        gpu = [s["gpu_ms"] for s in group if s.get("gpu_ms") is not None]
         print(f"{name}: {len(group)} steps, host s {sum(s['host_ms'] for s in group) / 1e3:.1f}, median host ms "
               f"{statistics.median(s['host_ms'] for s in group):.2f}, tokens {sum(s['num_tokens'] for s in group)}, "
               f"prefill tokens {sum(s['prefill_tokens'] for s in group)}, mean reqs "
-              f"{statistics.mean(s['num_reqs'] for s in group):.1f}")
+              f"{statistics.mean(s['num_reqs'] for s in group):.1f}"
+              + (f", sampled GPU ms median {statistics.median(gpu):.2f} ({len(gpu)} steps)" if gpu else ""))
 by = {}
 for s in dec:
     by.setdefault(s["num_reqs"], []).append(s["host_ms"])
