@@ -80,17 +80,15 @@ MOE_TILES: dict[str, tuple[tuple[int, MoETileConfig], ...]] = {
     # fp32 scales equal over 128-row blocks (FP8_MOE_OPTIONS "fp8_block" in fused_moe_fp8.py: block_scales frees
     # ~50 registers, so the prefill tile runs 8 warps at 2 CTAs per SM; H200 A/B of 2026-12-02 there). Prefill
     # stages 3 -> 4 with GEMM 2 over 4 column tiles (round 10 call 4, results/round10/call4/n_tiles_ab.log): op
-    # 1.08x at M = 8192 and 1.13x at 2048 in one run. Above 8192 tokens (a served 32K-token step), 128-row tiles
-    # once GEMM 2 loads its slots in the epilogue (round 14 call 1, results/round14/call1/fp8_moe_prefill.log, one
-    # run): op 8,856 against 9,681 us (1.09x; GEMM 1 1.14x, GEMM 2 1.05x) at M = 32768, 2,563 against 2,565 us at
-    # 8192 (equal, so the 64-row tile keeps that bucket); 4,604 against 4,754 us at 16384 (call 3). FusedMoE calls
-    # the kernels with at most MOE_CHUNK_TOKENS (8192) tokens, so served steps do not reach this row yet
-    # (ladle/layers/moe.py).
+    # 1.08x at M = 8192 and 1.13x at 2048 in one run. Measured, not adopted (round 14, results/round14/call1 and
+    # call3 fp8_moe_prefill.log): once GEMM 2 loads its slots in the epilogue, 128-row tiles (BM 128, same BN, warps,
+    # stages and options) run the op 1.09-1.10x at M = 32768 and 1.03x at 16384, equal or 0.97x at 8192. FusedMoE
+    # calls the kernels with at most MOE_CHUNK_TOKENS (8192) tokens, so such a row only pays with larger chunks,
+    # which cost KV pool (ladle/layers/moe.py): the two go in together, after a served run.
     "fp8_block": ((16, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
                   (64, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
                   (256, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=5)),
-                  (8192, MoETileConfig(block_m=64, block_n1=64, block_n2=128, block_k=64, num_warps=8, num_stages=4)),
-                  (MAX_TOKENS, MoETileConfig(block_m=128, block_n1=64, block_n2=128, block_k=64, num_warps=8,
+                  (MAX_TOKENS, MoETileConfig(block_m=64, block_n1=64, block_n2=128, block_k=64, num_warps=8,
                                              num_stages=4))),
     "mxfp8": ((16, MoETileConfig(block_m=16, block_n1=32, block_n2=128, block_k=128, num_warps=4, num_stages=6)),
               (64, MoETileConfig(block_m=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=6)),

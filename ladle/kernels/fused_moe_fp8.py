@@ -36,7 +36,9 @@ change how much work each such step carries and how many CTAs share an SM to hid
             (benchmarks/fp8_moe_sm90_resources.py): the served GEMM 2 (BN2 128, 4 stages, 4 column tiles, bf16
             slot rows) had grown to 238 registers, 1 CTA per SM, while GEMM 1 kept 120 and 2; its epilogue now
             loads the tile's slots and routed weights after the K loop (`_store_gemm2_tile`): 128 registers, no
-            spills, 2 CTAs per SM. Its speed on the H200 is not measured yet.
+            spills, 2 CTAs per SM. H200, round 14 (benchmarks/gpu_fp8_moe_prefill_ab.py): GEMM 2 1,199 -> 1,099-1,160
+            us at M = 8192 and 4,195 -> ~3,950 at 32768 (round 12's run on another machine), so occupancy was not
+            what holds it at about half of GEMM 1's rate (results/round14/README.md).
 EVEN_K (K a multiple of BK * k_unroll, true for M3) drops the K masks of the loads.
 The reference `fused_moe_fp8_ref` dequantizes both operands at the same points (x and the intermediate quantized
 by `act_quant_ref`) and runs the per-expert math of `fused_moe_ref`, so it differs from the kernel only by

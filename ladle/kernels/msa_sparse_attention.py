@@ -352,9 +352,10 @@ def _launch_tile(q, key_cache, value_cache, block_table, selected_block_ids, pos
                  num_stages: Optional[int], fp8_bits: bool) -> None:
     """Launch `_sparse_attn_tile_kernel` (arguments checked by `msa_sparse_attention_triton`): grid
     (cdiv(T, tq), Hkv), rows tq x G padded to a power of two >= 16; default 4 warps up to 64 rows, else 8, and
-    `tile_stages` stages, 3 for bf16 / fp8 (H200, benchmarks/gpu_msa_sparse_ab.py, results/round7/kernels/call2_msa_sparse_ab.json: tile 4 with 4
-    warps and 3 stages 1.47x the per-token kernel on an 8K prefill with random selections, 2.78x with local ones,
-    1.04x on a mixed batch; 2 stages 1.40 / 2.65 / 1.00; 8 warps 0.6-0.8x)."""
+    `tile_stages` stages, 3 for bf16 / fp8 (H200, benchmarks/gpu_msa_sparse_ab.py,
+    results/round7/kernels/call2_msa_sparse_ab.json: tile 4 with 4 warps and 3 stages 1.47x the per-token kernel on
+    an 8K prefill with random selections, 2.78x with local ones, 1.04x on a mixed batch; 2 stages 1.40 / 2.65 /
+    1.00; 8 warps 0.6-0.8x)."""
     T, Hq, D = q.shape
     bs, Hkv = key_cache.shape[1], key_cache.shape[2]
     B, topk = block_table.shape[0], selected_block_ids.shape[-1]

@@ -41,10 +41,10 @@ ExpertId = Union[int, str, None]
 # rank of M3 (k = 4 + the shared column, H 6144) a 32K-token step in one call needs 2.0 GB of bf16 rows, the largest
 # activation of the step, and the memory profile takes it from the KV pool. 8192-token chunks hold it at 0.5 GB.
 # Measured, not adopted (H200, round 14 call 3, benchmarks/results/round14/call3/fp8_moe_prefill.log, one run): a
-# 32K-token step's FP8 MoE as 4 x 8192 = 4 x 2,498 us, 2 x 16384 = 2 x 4,604 us (1.09x, 1.0 GB of rows: MOE_TILES
-# "fp8_block" runs 128-row tiles above 8192 tokens) or one call of 8,761 us (1.14x, 2.0 GB). Larger chunks take that
-# memory from the KV pool (16384: about 2% of issue 11's 1.22 M-token pool); their served effect is not measured
-# yet (round 14 README). Decode and CUDA-graph sizes are far below this.
+# 32K-token step's FP8 MoE as 4 x 8192 = 4 x 2,498 us, 2 x 16384 = 2 x 4,604 us (1.09x, 1.0 GB of rows, with
+# 128-row tiles above 8192 tokens: the note at MOE_TILES "fp8_block") or one call of 8,761 us (1.14x, 2.0 GB).
+# Larger chunks take that memory from the KV pool (16384: about 2% of issue 11's 1.22 M-token pool); their served
+# effect is not measured yet (round 14 README). Decode and CUDA-graph sizes are far below this.
 MOE_CHUNK_TOKENS = 8192
 
 
