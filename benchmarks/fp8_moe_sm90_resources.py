@@ -37,7 +37,8 @@ POINTERS = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "inter_ptr": "*bf16", "out
 VALUES = {  # the integer / float arguments of each kernel at the M3 shapes
     1: dict(numel=M * SLOTS, topk_cols=SLOTS, N_HALF=I, K=H, num_kb=H // 128, num_akb=H // 128,
             stride_we=2 * I * H, stride_wse=2 * I * H // 128, alpha=1.702, limit=7.0),
-    2: dict(numel=M * SLOTS, N=H, K=I, num_kb=I // 128, num_akb=I // 128, stride_we=H * I, stride_wse=H * I // 128)}
+    2: dict(numel=M * SLOTS, N=H, K=I, num_kb=I // 128, num_akb=I // 128, stride_we=H * I, stride_wse=H * I // 128,
+            P=M * SLOTS + 129 * 63)}
 
 
 def compile_sm90(fn, values, consts, warps, stages, maxnreg):
@@ -75,11 +76,14 @@ def main():
         name, cfg, opt = row[:3]
         cfg, opt = cfg or select_config(M, "fp8"), opt or moe8.select_options(M)
         for which, bn in ((1, cfg.block_n1), (2, cfg.block_n2)):
-            consts = dict(BM=cfg.block_m, BN=bn, BK=128, E8M0=False, F32_DOT=False, K_UNROLL=opt.k_unroll,
+            bm = cfg.block_m
+            consts = dict(BM=bm, BN=bn, BK=128, E8M0=False, F32_DOT=False, K_UNROLL=opt.k_unroll,
                           EVEN_K=True, BLOCK_SCALES=opt.block_scales,
-                          **({"GU_DOT": opt.gu_dot} if which == 1 else {"N_TILES": opt.gemm2_n_tiles}))
+                          **({"GU_DOT": opt.gu_dot} if which == 1 else
+                             {"N_TILES": opt.gemm2_n_tiles, "ALIGNED": opt.gemm2_aligned,
+                              "EVEN_N": H % (bn * opt.gemm2_n_tiles) == 0}))
             fn = moe8._fp8_gemm1_kernel if which == 1 else moe8._fp8_gemm2_kernel
-            tile = f"{cfg.block_m},{bn},w{cfg.num_warps},s{cfg.num_stages}"
+            tile = f"{bm},{bn},w{cfg.num_warps},s{cfg.num_stages}"
             try:
                 k = compile_sm90(fn, VALUES[which], consts, cfg.num_warps, cfg.num_stages, opt.max_regs)
                 regs, spill = ptxas_usage(k)

@@ -15,8 +15,8 @@ activations, near-uniform routing from the router on a random gate (benchmarks/g
 Method (benchmarks/gpu_bench_common.py): per variant one call checked against `fused_moe_fp8_ref` in float32 on the
 same inputs (relative error of the [M, H] output, printed per row), then CUDA-graph replay medians of the whole op
 (`fused_moe_fp8_triton`: act quant, GEMM 1, act quant, GEMM 2, combine) and of GEMM 1, GEMM 2 and the combine alone
-(`fp8_moe_gemm1` / `fp8_moe_gemm2` on the op's own plan and quantized inputs, `moe_combine_triton` on GEMM 2's slot
-rows; "comb us"). Slot rows: "bf16 slots" rows (since round 10 also the default from 257 tokens; "f32 slots" rows
+(`fp8_moe_gemm1` / `fp8_moe_gemm2` on the op's own plan and quantized inputs, `fp8_moe_combine` on GEMM 2's slot
+rows; "comb us"; with "aligned" GEMM 2 the aligned rows, gathered by `aligned_positions`, which "comb us" includes). Slot rows: "bf16 slots" rows (since round 10 also the default from 257 tokens; "f32 slots" rows
 force round 9's float32) store GEMM 2's per-slot rows in bf16 (the SLOT_DTYPE A/B of ladle/kernels/fused_moe.py:
 half the 8192 x 5 x 6144 x 4 B = 1.0 GB written by GEMM 2 and read by the combine at M = 8192), on the served tile
 and options ("gu block w8": MOE_TILES / FP8_MOE_OPTIONS "fp8_block")
@@ -56,10 +56,10 @@ sys.path.insert(0, ".")
 from benchmarks.gpu_bench_common import rel_err  # noqa: E402
 from benchmarks.gpu_quant_suite import Shapes, moe_inputs, per_expert  # noqa: E402
 from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows, quantize_mxfp8  # noqa: E402
-from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, moe_combine_triton,  # noqa: E402
-                                     select_config, slot_dtype_for)
-from ladle.kernels.fused_moe_fp8 import (Fp8MoEOptions, fp8_moe_gemm1, fp8_moe_gemm2, fp8_moe_plan,  # noqa: E402
-                                         fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
+from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, select_config,  # noqa: E402
+                                     slot_dtype_for)
+from ladle.kernels.fused_moe_fp8 import (Fp8MoEOptions, fp8_moe_combine, fp8_moe_gemm1, fp8_moe_gemm2,  # noqa: E402
+                                         fp8_moe_plan, fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
 
 SMOKE = Shapes(hid=256, i=128, e=8, k_routed=2, device="cpu")  # I = 128: the block-scale rows run too
 T3 = MoETileConfig(64, 64, 128, 64, 4, 3)  # today's prefill tile at 3 stages: the smem of 3 CTAs per SM
@@ -98,6 +98,16 @@ PREFILL = (
     ("gu block w8 s4 g2n8", MoETileConfig(64, 64, 128, 64, 8, 4),
      Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=8)),
     ("gu block bm128 bn1 128 w8 s3", MoETileConfig(128, 128, 128, 64, 8, 3), GU_BLOCK),
+    # session 15: GEMM 2 into aligned rows (hoisted weight pointers, no slot / routed-weight loads in its epilogue;
+    # the combine gathers and weights; calls 2-3 of round 15 also ran BM 64 under a BM 128 plan: no gain, removed)
+    ("gu block w8 s4 g2n4 aligned", MoETileConfig(64, 64, 128, 64, 8, 4),
+     Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True)),
+    ("gu block bm128 w8 s4 g2n4 aligned", MoETileConfig(128, 64, 128, 64, 8, 4),
+     Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True)),
+    ("gu block w8 s4 g2n8 aligned", MoETileConfig(64, 64, 128, 64, 8, 4),
+     Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=8, gemm2_aligned=True)),
+    ("gu block w8 s3 g2n4 aligned", MoETileConfig(64, 64, 128, 64, 8, 3),
+     Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True)),
 )
 MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
 MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
@@ -147,7 +157,8 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
            "tile": f"{tile.block_m},{tile.block_n1},{tile.block_n2},w{tile.num_warps},s{tile.num_stages}",
            "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
                       f"block={int(options.block_scales)}" + _slots_label(slot, xs[0].dtype, m)
-                      + (f" n2={options.gemm2_n_tiles}" if options.gemm2_n_tiles > 1 else "")}
+                      + (f" n2={options.gemm2_n_tiles}" if options.gemm2_n_tiles > 1 else "")
+                      + (" aligned" if options.gemm2_aligned else "")}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt, slot_dtype=slot)
@@ -166,7 +177,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
             i_q, i_s = act_quant(gemm1(), use_triton=True)
             g1.append(gemm1)
             g2.append(lambda p=plan, a=i_q, s=i_s, w=wts: fp8_moe_gemm2(p, a, s, tabs[2], tabs[3], w))
-            comb.append(functools.partial(moe_combine_triton, g2[-1](), plan.T, plan.k, x.dtype))
+            comb.append(functools.partial(fp8_moe_combine, plan, g2[-1](), wts, x.dtype))
         row["us_g1"], row["us_g2"], row["us_comb"] = graph_us(g1), graph_us(g2), graph_us(comb)
         f1, f2 = 2 * slots * 2 * shapes.i * shapes.hid, 2 * slots * shapes.i * shapes.hid
         for key, us, flops in (("TF/s", "us", f1 + f2), ("TF/s_g1", "us_g1", f1), ("TF/s_g2", "us_g2", f2)):

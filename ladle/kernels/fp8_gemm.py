@@ -123,13 +123,17 @@ def load_weight_scale(ptrs, mask, E8M0: tl.constexpr):
 
 
 @triton.jit
+def fp8_dot(a, w, F32_DOT: tl.constexpr):
+    """dot(a [BM, BK] fp8, w [BK, BN] fp8) in fp32; F32_DOT (the interpreter): exact fp32 products of fp8 values."""
+    if F32_DOT:
+        return tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, w)
+
+
+@triton.jit
 def fp8_dot_step(a, a_s, w, w_s, acc, F32_DOT: tl.constexpr):
     """acc + dot(a [BM, BK] fp8, w [BK, BN] fp8) * a_s[:, None] * w_s[None, :] (one promoted K step; shared with fused_moe_fp8.py)."""
-    if F32_DOT:  # the interpreter: exact fp32 products of fp8 values
-        part = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-    else:
-        part = tl.dot(a, w)
-    return acc + part * a_s[:, None] * w_s[None, :]
+    return acc + fp8_dot(a, w, F32_DOT) * a_s[:, None] * w_s[None, :]
 
 
 @triton.jit

@@ -80,15 +80,15 @@ MOE_TILES: dict[str, tuple[tuple[int, MoETileConfig], ...]] = {
     # fp32 scales equal over 128-row blocks (FP8_MOE_OPTIONS "fp8_block" in fused_moe_fp8.py: block_scales frees
     # ~50 registers, so the prefill tile runs 8 warps at 2 CTAs per SM; H200 A/B of 2026-12-02 there). Prefill
     # stages 3 -> 4 with GEMM 2 over 4 column tiles (round 10 call 4, results/round10/call4/n_tiles_ab.log): op
-    # 1.08x at M = 8192 and 1.13x at 2048 in one run. Measured, not adopted (round 14, results/round14/call1 and
-    # call3 fp8_moe_prefill.log): once GEMM 2 loads its slots in the epilogue, 128-row tiles (BM 128, same BN, warps,
-    # stages and options) run the op 1.09-1.10x at M = 32768 and 1.03x at 16384, equal or 0.97x at 8192. FusedMoE
-    # calls the kernels with at most MOE_CHUNK_TOKENS (8192) tokens, so such a row only pays with larger chunks,
-    # which cost KV pool (ladle/layers/moe.py): the two go in together, after a served run.
+    # 1.08x at M = 8192 and 1.13x at 2048 in one run. Above 8192 tokens 128-row tiles (BM 128, same BN, warps,
+    # stages and options; round 14, results/round14/call1 and call3 fp8_moe_prefill.log): the op 1.09-1.10x at
+    # M = 32768 and 1.03x at 16384, equal or 0.97x at 8192. They pay only with MoE calls above 8192 tokens, so they
+    # came in with MOE_CHUNK_TOKENS 16384 (ladle/layers/moe.py; served: results/round15/README.md).
     "fp8_block": ((16, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
                   (64, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=4)),
                   (256, MoETileConfig(block_m=16, block_n1=32, block_n2=64, block_k=128, num_warps=4, num_stages=5)),
-                  (MAX_TOKENS, MoETileConfig(block_m=64, block_n1=64, block_n2=128, block_k=64, num_warps=8,
+                  (8192, MoETileConfig(block_m=64, block_n1=64, block_n2=128, block_k=64, num_warps=8, num_stages=4)),
+                  (MAX_TOKENS, MoETileConfig(block_m=128, block_n1=64, block_n2=128, block_k=64, num_warps=8,
                                              num_stages=4))),
     "mxfp8": ((16, MoETileConfig(block_m=16, block_n1=32, block_n2=128, block_k=128, num_warps=4, num_stages=6)),
               (64, MoETileConfig(block_m=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=6)),
@@ -334,17 +334,31 @@ def slot_dtype_for(x_dtype: torch.dtype, num_tokens: int, slot_dtype: Optional[t
 
 
 @triton.jit
-def _moe_combine_kernel(slots_ptr, out_ptr, T, H, K: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+def _moe_combine_kernel(slots_ptr, pos_ptr, wt_ptr, out_ptr, T, H, K: tl.constexpr, BT: tl.constexpr,
+                        BH: tl.constexpr, GATHER: tl.constexpr):
     """Program (token block, H block): out[t, h] = (((s[t*K] + s[t*K+1]) + ...) + s[t*K+K-1])[h], fp32 (16-bit slots
     upcast exactly on load), rounded to out's dtype by `round_to` (round to nearest even, under the interpreter
-    too). The K loads of a tile are unrolled (K constexpr) so they are all in flight at once."""
+    too). GATHER: slot i of token t is row pos[t*K+i] of the rows, times its routed weight wt[t*K+i] (fp32), i.e.
+    s[t*K+i] = wt[t*K+i] * rows[pos[t*K+i]]. The K loads of a tile are unrolled (K constexpr) so they are all in
+    flight at once."""
     offs_t = tl.program_id(0) * BT + tl.arange(0, BT)
     offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
-    ok = (offs_t < T)[:, None] & (offs_h < H)[None, :]
-    ptrs = slots_ptr + (offs_t.to(tl.int64) * K)[:, None] * H + offs_h[None, :]
-    acc = tl.load(ptrs, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    for i in tl.static_range(1, K):
-        acc += tl.load(ptrs + i * H, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    t_ok = offs_t < T
+    ok = t_ok[:, None] & (offs_h < H)[None, :]
+    flat = offs_t.to(tl.int64) * K
+    for i in tl.static_range(K):
+        if GATHER:
+            row = tl.load(pos_ptr + flat + i, mask=t_ok, other=0).to(tl.int64)
+            wt = tl.load(wt_ptr + flat + i, mask=t_ok, other=0.0)
+            s = tl.load(slots_ptr + row[:, None] * H + offs_h[None, :], mask=ok, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32) * wt[:, None]
+        else:
+            s = tl.load(slots_ptr + (flat + i)[:, None] * H + offs_h[None, :], mask=ok, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+        if i == 0:
+            acc = s
+        else:
+            acc += s
     out = out_ptr + offs_t.to(tl.int64)[:, None] * H + offs_h[None, :]
     dt = out_ptr.dtype.element_ty
     tl.store(out, round_to(acc, dt).to(dt), mask=ok)
@@ -359,7 +373,8 @@ def combine_tile(num_tokens: int) -> tuple[int, int, int]:
 
 
 def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
-                       block_t: Optional[int] = None, block_h: Optional[int] = None) -> torch.Tensor:
+                       block_t: Optional[int] = None, block_h: Optional[int] = None,
+                       positions: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out_slots [T*k, H] float32, bfloat16 or float16 contiguous (row t*k + i: slot i of token t) -> [T, H] in
     out_dtype, one pass. Each slot is upcast to fp32 (exact) and the slots are summed in the fixed order
     ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounded once to out_dtype (round to nearest even), so
@@ -371,36 +386,65 @@ def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dty
     slots depends on device and shape: on the CPU it is this sequential order for some shapes, not for others):
     equal values (torch.equal; a zero's sign may differ, torch starts from +0) for k <= 2, else equal up to fp32
     summation order, |diff| <= 2 (k-1) 2^-24 sum_i |slot i as stored| before the one rounding to out_dtype.
+    Gathered form (positions and weights both given): out_slots is [R, H] rows in any order (GEMM 2's aligned rows,
+    R >= T*k), positions [T*k] int32 the row of each slot (`aligned_positions`) and weights [T, k] fp32 the routed
+    weights: slot t*k + i is weights[t, i] * float(out_slots[positions[t*k + i]]) (one fp32 product, then the same
+    sequential sum; the product adds one fp32 rounding per slot).
     block_t / block_h override `combine_tile`. No host sync: CUDA-graph capturable."""
     T, H = num_tokens, out_slots.shape[1]
-    assert out_slots.shape == (T * k, H) and out_slots.dtype in SLOT_DTYPES and out_slots.is_contiguous()
+    gather = positions is not None
+    assert gather == (weights is not None), "positions and weights go together"
+    assert out_slots.dtype in SLOT_DTYPES and out_slots.is_contiguous() and out_slots.dim() == 2
+    if gather:
+        assert positions.shape == (T * k,) and positions.dtype == torch.int32 and weights.shape == (T, k)
+        assert weights.dtype == torch.float32 and out_slots.shape[0] >= T * k
+    else:
+        assert out_slots.shape == (T * k, H)
     out = torch.empty((T, H), dtype=out_dtype, device=out_slots.device)
     if T == 0:
         return out
     bt, bh, warps = combine_tile(T)
     bt, bh = block_t or bt, block_h or bh
-    _moe_combine_kernel[(triton.cdiv(T, bt), triton.cdiv(H, bh))](out_slots, out, T, H, K=k, BT=bt, BH=bh,
-                                                                   num_warps=warps)
+    pos, wt = (positions, weights.contiguous()) if gather else (out_slots, out_slots)  # unused pointers when not
+    _moe_combine_kernel[(triton.cdiv(T, bt), triton.cdiv(H, bh))](out_slots, pos, wt, out, T, H, K=k, BT=bt, BH=bh,
+                                                                   GATHER=gather, num_warps=warps)
     return out
 
 
-def moe_combine_ref(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype) -> torch.Tensor:
+def moe_combine_ref(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
+                    positions: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Torch reference: out_slots [T*k, H] float32 / bf16 / fp16 -> [T, H] =
     out_slots.float().view(T, k, H).sum(dim=1).to(out_dtype) (16-bit slots upcast first: an fp32 sum, as the
-    kernel; the pairing of torch's sum as in `moe_combine_triton`'s doc)."""
-    return out_slots.float().view(num_tokens, k, out_slots.shape[1]).sum(dim=1).to(out_dtype)
+    kernel; the pairing of torch's sum as in `moe_combine_triton`'s doc). Gathered form (positions, weights): the
+    slots are weights[t, i] * out_slots[positions[t*k + i]].float() (`moe_combine_triton`)."""
+    if positions is not None:
+        slots = out_slots[positions.long()].float() * weights.float().reshape(-1, 1)
+    else:
+        slots = out_slots.float()
+    return slots.view(num_tokens, k, out_slots.shape[1]).sum(dim=1).to(out_dtype)
+
+
+def aligned_positions(sorted_ids: torch.Tensor, numel: int) -> torch.Tensor:
+    """The inverse of moe_align's sorted_token_ids: positions [numel] int32, positions[sorted_ids[p]] = p for every
+    aligned row p holding a pair (the padding rows' sentinel numel lands in a spare entry that is dropped). Every
+    pair has exactly one row, so each entry is written once: deterministic, no host sync."""
+    pos = torch.empty(numel + 1, dtype=torch.int32, device=sorted_ids.device)
+    rows = torch.arange(sorted_ids.numel(), dtype=torch.int32, device=sorted_ids.device)
+    return pos.scatter_(0, sorted_ids.long(), rows)[:numel]
 
 
 def moe_combine(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype, *,
-                use_triton: bool) -> torch.Tensor:
+                use_triton: bool, positions: Optional[torch.Tensor] = None,
+                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dispatching entry point of the combine over the k slots (records op "moe_combine", bucket = tokens); the
-    fused MoE launchers call it with use_triton=True. Fallback: `moe_combine_ref`."""
+    fused MoE launchers call it with use_triton=True. positions / weights: the gathered form (`moe_combine_triton`).
+    Fallback: `moe_combine_ref`."""
     reason: Optional[str] = triton_ok(out_slots)
     if reason is None and not out_slots.is_contiguous():
         reason = "out_slots not contiguous"
     if decide_triton(OP_COMBINE, num_tokens, use_triton, reason):
-        return moe_combine_triton(out_slots, num_tokens, k, out_dtype)
-    return moe_combine_ref(out_slots, num_tokens, k, out_dtype)
+        return moe_combine_triton(out_slots, num_tokens, k, out_dtype, positions=positions, weights=weights)
+    return moe_combine_ref(out_slots, num_tokens, k, out_dtype, positions, weights)
 
 
 def swigluoai_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA,

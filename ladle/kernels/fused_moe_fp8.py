@@ -52,11 +52,11 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, tile_row, tl, triton, triton_ok
-from ladle.kernels.fp8_gemm import fp8_dot_step, load_weight_scale, weight_group
+from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, round_to, tile_row, tl, triton, triton_ok
+from ladle.kernels.fp8_gemm import fp8_dot, fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
-from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, check_routing, moe_combine,
-                                     moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for, store_slot_rows,
+from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, aligned_positions, check_routing,
+                                     moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for, store_slot_rows,
                                      store_swigluoai, swigluoai_ref)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
@@ -75,13 +75,18 @@ class Fp8MoEOptions:
     per K step instead of a scale per column (module doc; refused for E8M0 scales and tiles that cross a block);
     gemm2_n_tiles: GEMM 2 programs own that many consecutive BN2-wide column tiles of one row tile and walk them in
     one flattened (tile, K step) loop, storing each tile when its last K step is done (round 10: GEMM 2 has only
-    I/128 = 6 K steps at one TP4 rank, so each program's pipeline fill is a large part of its life; k_unroll 1)."""
+    I/128 = 6 K steps at one TP4 rank, so each program's pipeline fill is a large part of its life; k_unroll 1);
+    gemm2_aligned (with block_scales): GEMM 2 writes its rows in the aligned order (row p of the [P, H] output is
+    aligned row p, routed weight not applied) through a block pointer, so its epilogue loads neither slots nor
+    routed weights, and its K loop offsets one hoisted weight-pointer tile by a scalar; `moe_combine` then gathers
+    each slot's row and applies its weight (`aligned_positions`)."""
 
     gu_dot: bool = False
     k_unroll: int = 1
     max_regs: Optional[int] = None
     block_scales: bool = False
     gemm2_n_tiles: int = 1
+    gemm2_aligned: bool = False
 
     def __post_init__(self):
         if self.k_unroll not in (1, 2):
@@ -89,6 +94,9 @@ class Fp8MoEOptions:
         if self.gemm2_n_tiles not in (1, 2, 4, 8) or (self.gemm2_n_tiles > 1 and self.k_unroll != 1):
             raise ValueError(f"gemm2_n_tiles {self.gemm2_n_tiles} with k_unroll {self.k_unroll}: ladle offers 1, 2, "
                              "4 or 8 column tiles per program (more than 1 with k_unroll 1 only)")
+        if self.gemm2_aligned and not self.block_scales:
+            raise ValueError("gemm2_aligned needs block_scales (one weight scale per K step); ladle offers "
+                             "gemm2_aligned=False for per-row scales")
         if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 
@@ -101,10 +109,16 @@ class Fp8MoEOptions:
 # 0.97x), gu alone (4 warps, 3 stages) 1.14x; at M = 2048 1.33x / 1.09x; at M = 32 (decode tile) 1.07x / 1.02x.
 # Round 10 call 4 (same script, results/round10/call4/n_tiles_ab.log, one run): GEMM 2 over 4 column tiles per
 # program 1.11x / 1.16x at M = 8192 / 2048 (GEMM 2 alone), with 4 stages the op 1.08x / 1.13x; at M = 32 0.98x, so
-# decode sizes keep one tile. Measured on block-uniform scales only: the "fp8" rows are unchanged.
+# decode sizes keep one tile. Measured on block-uniform scales only: the "fp8" rows are unchanged. Round 15
+# (results/round15/call3/fp8_moe_prefill.log, one run): GEMM 2 into aligned rows (gemm2_aligned) at M = 8192 GEMM 2
+# 990.5 against 1,098.6 us (1.11x), the op with its gathering combine 2,411.8 against 2,470.6 (1.02x; call 2's probe
+# of the same loop 1.31x / 1.07x). Above 8192 tokens (the 128-row tile) aligned rows gained 1.00-1.01x with GEMM 2
+# at 64-row tiles under the 128-row plan, and a 128-row aligned GEMM 2 compiles to 255 registers with spills
+# (benchmarks/fp8_moe_sm90_resources.py), so that bucket keeps slot rows.
 FP8_MOE_OPTIONS: dict[str, tuple[tuple[int, Fp8MoEOptions], ...]] = {
     "fp8": ((MAX_TOKENS, Fp8MoEOptions(gu_dot=True)),),
     "fp8_block": ((256, Fp8MoEOptions(gu_dot=True, block_scales=True)),
+                  (8192, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True)),
                   (MAX_TOKENS, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4))),
     "mxfp8": ((MAX_TOKENS, Fp8MoEOptions()),),
 }
@@ -214,14 +228,77 @@ def _store_gemm2_tile(acc, out_ptr, sorted_ptr, topk_w_ptr, offs_m, offs_n, n_ok
 
 
 @triton.jit
+def _gemm2_aligned_rows(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, expert_ptr, npp_ptr, N, K, num_kb, num_akb,
+                        stride_we, stride_wse, P, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        F32_DOT: tl.constexpr, N_TILES: tl.constexpr, EVEN_N: tl.constexpr):
+    """GEMM 2 with aligned output rows (Fp8MoEOptions.gemm2_aligned): program (row tile of BM aligned rows, N_TILES
+    consecutive BN-wide column tiles): out [P, N] rows of the tile = intermediate rows @ w2[e]^T, no routed weight.
+    Block scales only (one weight scale per K step: row 0 of the tile's 128-row block), K a multiple of BK. The
+    activation rows are read unmasked: every aligned row < P exists, padding rows are GEMM 1's zeros and are never
+    combined. The weight tile's pointers are built once; a K step adds a scalar offset (t * BN * K + kb * BK)."""
+    pid_m, offs_w, _ = moe_tile_cols(N, BN * N_TILES)
+    if pid_m * BM >= tl.load(npp_ptr):
+        return
+    e = tl.load(expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
+    as_ptrs = as_ptr + offs_m.to(tl.int64) * num_akb
+    n0 = tl.min(offs_w, 0)  # first column of the program's first tile
+    b_base = w_ptr + e * stride_we + (n0 + tl.arange(0, BN))[None, :].to(tl.int64) * K + offs_k[:, None]  # [BK, BN]
+    s_base = ws_ptr + e * stride_wse + (n0 // 128 * 128).to(tl.int64) * num_kb
+    dt = out_ptr.dtype.element_ty
+    acc = tl.zeros([BM, BN], tl.float32)
+    for it in range(0, N_TILES * num_kb):  # flattened (column tile, K step), K fastest
+        t = it // num_kb
+        kb = it - t * num_kb
+        a = tl.load(a_ptrs + kb * BK)
+        a_s = tl.load(as_ptrs + kb)
+        if EVEN_N:
+            w = tl.load(b_base + (t * (BN * K) + kb * BK))
+        else:
+            w = tl.load(b_base + (t * (BN * K) + kb * BK), mask=(n0 + t * BN + tl.arange(0, BN) < N)[None, :],
+                        other=0.0)
+        w_s = tl.load(s_base + (t * BN) // 128 * 128 * num_kb + kb)
+        acc = acc + fp8_dot(a, w, F32_DOT) * (a_s * w_s)[:, None]
+        if kb == num_kb - 1:
+            rows = tl.make_block_ptr(out_ptr, shape=(P, N), strides=(N, 1), offsets=(pid_m * BM, n0 + t * BN),
+                                     block_shape=(BM, BN), order=(1, 0))
+            if EVEN_N:
+                tl.store(rows, round_to(acc, dt).to(dt))
+            else:
+                tl.store(rows, round_to(acc, dt).to(dt), boundary_check=(1,))
+            acc = tl.zeros([BM, BN], tl.float32)
+
+
+@triton.jit
 def _fp8_gemm2_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
+    numel, N, K, num_kb, num_akb, stride_we, stride_wse, P,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
+    K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr, N_TILES: tl.constexpr,
+    ALIGNED: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """Program (row tile, N_TILES consecutive BN-wide column tiles): out_slots rows of the tile's slots = routed
+    weight x (intermediate rows @ w2[e]^T) per column tile (Fp8MoEOptions.gemm2_n_tiles); ALIGNED: the aligned
+    rows instead (`_gemm2_aligned_rows`)."""
+    if ALIGNED:
+        _gemm2_aligned_rows(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, expert_ptr, npp_ptr, N, K, num_kb, num_akb,
+                            stride_we, stride_wse, P, BM, BN, BK, F32_DOT, N_TILES, EVEN_N)
+    else:
+        _gemm2_slot_rows(a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
+                         numel, N, K, num_kb, num_akb, stride_we, stride_wse, BM, BN, BK, E8M0, F32_DOT, K_UNROLL,
+                         EVEN_K, BLOCK_SCALES, N_TILES)
+
+
+@triton.jit
+def _gemm2_slot_rows(
     a_ptr, as_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, expert_ptr, npp_ptr, topk_w_ptr,
     numel, N, K, num_kb, num_akb, stride_we, stride_wse,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, E8M0: tl.constexpr, F32_DOT: tl.constexpr,
     K_UNROLL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_SCALES: tl.constexpr, N_TILES: tl.constexpr,
 ):
-    """Program (row tile, N_TILES consecutive BN-wide column tiles): out_slots rows of the tile's slots = routed
-    weight x (intermediate rows @ w2[e]^T) per column tile (Fp8MoEOptions.gemm2_n_tiles)."""
+    """GEMM 2 into slot rows: out_slots rows of the tile's slots = routed weight x (intermediate rows @ w2[e]^T)."""
     pid_m, offs_w, _ = moe_tile_cols(N, BN * N_TILES)
     if pid_m * BM >= tl.load(npp_ptr):
         return
@@ -354,17 +431,29 @@ def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: t
 def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
     """GEMM 2 x routed weight: i_q [P, I] fp8 / i_s [P, I/128] fp32 (the quantized intermediate) -> out_slots
-    [T*k, H] in plan.slot_dtype (row t*k + i: slot i of token t; `moe_combine` sums them)."""
+    [T*k, H] in plan.slot_dtype (row t*k + i: slot i of token t; `moe_combine` sums them). With
+    plan.opt.gemm2_aligned: the aligned rows [P, H] instead, routed weight not applied (`fp8_moe_combine`)."""
     (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k, slots_dt), (H, I) = plan, (w2.shape[1], w2.shape[2])
     bm, P = cfg.block_m, sorted_ids.numel()
-    out_slots = torch.empty((T * k, H), dtype=slots_dt, device=i_q.device)
+    out = torch.empty((P if opt.gemm2_aligned else T * k, H), dtype=slots_dt, device=i_q.device)
     _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2 * opt.gemm2_n_tiles),)](
-        i_q, i_s, w2, w2_scale, out_slots, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
-        triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0),
+        i_q, i_s, w2, w2_scale, out, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
+        triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0), P,
         BM=bm, BN=bn2, BK=g, E8M0=e8m0, F32_DOT=interpreting(), K_UNROLL=opt.k_unroll,
         EVEN_K=I % (g * opt.k_unroll) == 0, BLOCK_SCALES=opt.block_scales, N_TILES=opt.gemm2_n_tiles,
+        ALIGNED=opt.gemm2_aligned, EVEN_N=H % (bn2 * opt.gemm2_n_tiles) == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=opt.max_regs)
-    return out_slots
+    return out
+
+
+def fp8_moe_combine(plan: Fp8MoEPlan, gemm2_out: torch.Tensor, topk_weights: torch.Tensor,
+                    out_dtype: torch.dtype) -> torch.Tensor:
+    """`moe_combine` of GEMM 2's output (`fp8_moe_gemm2`): the slot rows, or with plan.opt.gemm2_aligned the
+    aligned rows gathered by `aligned_positions` and weighted by topk_weights [T, k] fp32 -> [T, H] in out_dtype."""
+    if plan.opt.gemm2_aligned:
+        return moe_combine(gemm2_out, plan.T, plan.k, out_dtype, use_triton=True,
+                           positions=aligned_positions(plan.sorted_ids, plan.T * plan.k), weights=topk_weights)
+    return moe_combine(gemm2_out, plan.T, plan.k, out_dtype, use_triton=True)
 
 
 def fused_moe_fp8_triton(
@@ -388,8 +477,7 @@ def fused_moe_fp8_triton(
     a_q, a_s = act_quant(x.contiguous(), use_triton=True)
     inter = fp8_moe_gemm1(plan, a_q, a_s, w13, w13_scale, alpha, limit, x.dtype)
     i_q, i_s = act_quant(inter, use_triton=True)
-    out_slots = fp8_moe_gemm2(plan, i_q, i_s, w2, w2_scale, topk_weights)
-    return moe_combine(out_slots, plan.T, plan.k, x.dtype, use_triton=True)
+    return fp8_moe_combine(plan, fp8_moe_gemm2(plan, i_q, i_s, w2, w2_scale, topk_weights), topk_weights, x.dtype)
 
 
 def fused_moe_fp8_ref(

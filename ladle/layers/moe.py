@@ -37,15 +37,17 @@ from ladle.layers.quant_slot import scoped_moe_method
 ExpertId = Union[int, str, None]
 
 # Tokens per fused-MoE call (`FusedMoE._experts`). The kernels keep one row per (token, slot) before the combine,
-# T x k x H values (bf16 at prefill sizes with bf16 activations, `slot_dtype_for`; float32 otherwise): at one TP4
-# rank of M3 (k = 4 + the shared column, H 6144) a 32K-token step in one call needs 2.0 GB of bf16 rows, the largest
-# activation of the step, and the memory profile takes it from the KV pool. 8192-token chunks hold it at 0.5 GB.
-# Measured, not adopted (H200, round 14 call 3, benchmarks/results/round14/call3/fp8_moe_prefill.log, one run): a
-# 32K-token step's FP8 MoE as 4 x 8192 = 4 x 2,498 us, 2 x 16384 = 2 x 4,604 us (1.09x, 1.0 GB of rows, with
-# 128-row tiles above 8192 tokens: the note at MOE_TILES "fp8_block") or one call of 8,761 us (1.14x, 2.0 GB).
-# Larger chunks take that memory from the KV pool (16384: about 2% of issue 11's 1.22 M-token pool); their served
-# effect is not measured yet (round 14 README). Decode and CUDA-graph sizes are far below this.
-MOE_CHUNK_TOKENS = 8192
+# T x k x H values (bf16 at prefill sizes with bf16 activations, `slot_dtype_for`; float32 otherwise; FP8 GEMM 2's
+# aligned rows add the padding rows): at one TP4 rank of M3 (k = 4 + the shared column, H 6144) a 32K-token step in
+# one call needs 2.0 GB of bf16 rows, the largest activation of the step, and the memory profile takes it from the KV
+# pool. H200 (round 14 call 3, benchmarks/results/round14/call3/fp8_moe_prefill.log, one run): a 32K-token step's FP8
+# MoE as 4 x 8192 = 4 x 2,498 us, 2 x 16384 = 2 x 4,604 us (1.09x, with 128-row tiles above 8192 tokens: the note
+# at MOE_TILES "fp8_block"), one call 8,761 us (1.14x). Served (round 15 call 1, results/round15/README.md; issue
+# 11's line, vocab-parallel FP8 proxy): 16384-token chunks against round 14's 8192, c = 128 2,090.7 against 2,012.9
+# output tok/s (+3.9%; another machine) with the KV pool 1,186,048 tokens against 1,218,560 (-2.7%) and no
+# preemption; c = 32 +1.2%. One 32768-token call would take about 1 GB more of the pool, which c = 128 (about 1.18 M
+# tokens at once) cannot spare. Decode and CUDA-graph sizes are far below this.
+MOE_CHUNK_TOKENS = 16384
 
 
 class UnquantizedFusedMoEMethod:

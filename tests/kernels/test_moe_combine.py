@@ -288,3 +288,43 @@ def test_gpu_combine_order_determinism_and_graph(T):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static, out)
+
+
+@pytest.mark.parametrize("row_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,k,H,bt,bh", [(7, 5, 80, 4, 32), (259, 3, 520, None, None)])
+def test_gathered_combine_is_the_weighted_sequential_sum(T, k, H, bt, bh, row_dtype):
+    """Gathered form (GEMM 2's aligned rows): slot t*k + i is weights[t, i] * rows[positions[t*k + i]] in fp32, then
+    the sequential order. Rows are a random permutation of the slots plus unread padding rows (NaN, so a stray read
+    shows); under the interpreter the kernel equals that loop in torch bit for bit (no FMA there), and the
+    reference within fp32 summation order (CPU tensors: the interpreter; a GPU may contract the product and the add
+    into an FMA)."""
+    g = torch.Generator().manual_seed(T + k)
+    slots = _slots(T, k, H, seed=k).to(row_dtype)
+    R = T * k + 13
+    perm = torch.randperm(R, generator=g)[:T * k]
+    rows = torch.full((R, H), float("nan"), dtype=row_dtype)
+    rows[perm] = slots
+    positions = perm.to(torch.int32)
+    weights = torch.rand(T, k, generator=g) + 0.1
+    out = moe_combine_triton(rows, T, k, torch.float32, block_t=bt, block_h=bh, positions=positions, weights=weights)
+    weighted = slots.float() * weights.reshape(-1, 1)
+    assert torch.equal(out, _sequential(weighted, T, k, torch.float32))
+    ref = moe_combine_ref(rows, T, k, torch.float32, positions, weights)
+    bound = 2 * (k - 1) * U[torch.float32] * weighted.abs().view(T, k, H).sum(1)
+    assert ((out - ref).abs() <= bound).all()
+    assert torch.equal(moe_combine(rows, T, k, torch.float32, use_triton=True, positions=positions, weights=weights),
+                       out)
+
+
+def test_aligned_positions_invert_the_aligned_order():
+    """positions[sorted_ids[p]] = p for every aligned row holding a pair; the padding rows' sentinel is dropped."""
+    from ladle.kernels.fused_moe import aligned_positions
+    from ladle.kernels.moe_align import moe_align_ref
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 6, (37, 3), generator=g, dtype=torch.int32)
+    sorted_ids, _, npp = moe_align_ref(ids, 6, 16)
+    pos = aligned_positions(sorted_ids, ids.numel())
+    assert pos.shape == (ids.numel(),) and pos.dtype == torch.int32
+    assert torch.equal(sorted_ids[pos.long()], torch.arange(ids.numel(), dtype=torch.int32))
+    assert (pos < int(npp)).all()

@@ -47,24 +47,28 @@ def test_an_edited_row_is_selected_for_its_family_only(monkeypatch):
 
 
 # M from 0 (no launch, but a row) through every bucket edge to the last bound; the tables' bounds today.
-M_RANGE = (*range(0, 1025), 1500, 4096, 8192, 65536, 2 ** 31, 2 ** 40, MAX_TOKENS - 1, MAX_TOKENS)
+M_RANGE = (*range(0, 1025), 1500, 4096, 8192, 8193, 16384, 65536, 2 ** 31, 2 ** 40, MAX_TOKENS - 1, MAX_TOKENS)
 BOUNDS = (16, 64, 256, MAX_TOKENS)
+FAMILY_BOUNDS = {"fp8_block": (16, 64, 256, 8192, MAX_TOKENS)}  # 128-row tiles above 8192 tokens (fused_moe.py)
 
 
-def _bucket(m: int) -> int:
-    """The bucket rule as the tables state it, written out: M <= 16 decode, <= 64, <= 256, then prefill."""
-    return 0 if m <= 16 else 1 if m <= 64 else 2 if m <= 256 else 3
+def _bucket(m: int, bounds: tuple[int, ...]) -> int:
+    """The bucket rule as the tables state it, written out: the number of bounds below M (M <= 16 decode, <= 64,
+    <= 256, then prefill, split at 8192 where the family's bounds say so)."""
+    return sum(m > b for b in bounds)
 
 
 @pytest.mark.parametrize("select, tables", [(select_config, MOE_TILES), (select_gemm_config, GEMM_TILES)],
                          ids=["moe", "gemm"])
 def test_every_m_gets_its_bucket_row(select, tables):
-    """Every family's table has the 16 / 64 / 256 / MAX_TOKENS buckets, and for every M the shared lookup
-    (`tile_row`, through each kernel's select function) returns that bucket's row: the tile of the bucket rule."""
+    """Every family's table has the 16 / 64 / 256 / MAX_TOKENS buckets (fp8_block MoE also 8192), and for every M
+    the shared lookup (`tile_row`, through each kernel's select function) returns that bucket's row: the tile of the
+    bucket rule."""
     for family, rows in tables.items():
-        assert tuple(bound for bound, _ in rows) == BOUNDS, family
+        bounds = FAMILY_BOUNDS.get(family, BOUNDS) if tables is MOE_TILES else BOUNDS
+        assert tuple(bound for bound, _ in rows) == bounds, family
         for m in M_RANGE:
-            want = rows[_bucket(m)]
+            want = rows[_bucket(m, bounds)]
             assert tile_row(rows, m) == want and select(m, family) is want[1], (family, m)
 
 

@@ -187,14 +187,17 @@ def test_fp8_gemm_gpu_real_shapes(m, quantize):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 32, 2048])
-def test_fused_moe_fp8_gpu_real_shapes(T):
-    """TP4 rank of M3: H 6144, I_r 768, 128 routed experts + the shared row, top-4 + shared column."""
+@pytest.mark.parametrize("block", [False, True], ids=["rows", "block"])
+@pytest.mark.parametrize("T", [1, 32, 2048, 9000])
+def test_fused_moe_fp8_gpu_real_shapes(T, block):
+    """TP4 rank of M3: H 6144, I_r 768, 128 routed experts + the shared row, top-4 + shared column; block: the
+    block-uniform scales' "fp8_block" rows (at 2048 tokens GEMM 2 into aligned rows, at 9000 the 128-row tile:
+    `FP8_MOE_OPTIONS`, MOE_TILES)."""
     H, I, E = 6144, 768, 128
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     ids, wts = moe_router_triton(x, torch.randn(E, H, device="cuda"), torch.zeros(E, device="cuda"), 4, 2.0,
                                  shared_expert=True)
     w13_q, w13_s = quantize_fp8_rows(torch.randn(E + 1, 2 * I, H, device="cuda") / H ** 0.5)
     w2_q, w2_s = quantize_fp8_rows(torch.randn(E + 1, H, I, device="cuda") / I ** 0.5)
-    out = fused_moe_fp8_triton(x, w13_q, w13_s, w2_q, w2_s, ids, wts)
+    out = fused_moe_fp8_triton(x, w13_q, w13_s, w2_q, w2_s, ids, wts, block_uniform=block)
     assert _rel(out, fused_moe_fp8_ref(x, w13_q, w13_s, w2_q, w2_s, ids, wts)) < 2e-2

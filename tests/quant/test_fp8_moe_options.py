@@ -101,7 +101,9 @@ def test_the_options_table_row_is_what_the_launcher_runs(monkeypatch):
     edited row reaches both GEMMs of a launch."""
     assert all(select_options(m, "fp8") == Fp8MoEOptions(gu_dot=True) for m in (1, 256, 257, 8192))
     assert select_options(256, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True)
-    assert select_options(257, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4)
+    assert select_options(257, "fp8_block") == select_options(8192, "fp8_block") == Fp8MoEOptions(
+        gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True)
+    assert select_options(8193, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4)
     assert select_options(32, "mxfp8") == Fp8MoEOptions()
     edited = Fp8MoEOptions(gu_dot=True, k_unroll=2)
     monkeypatch.setitem(moe8.FP8_MOE_OPTIONS, "fp8", ((16, Fp8MoEOptions()), (MAX_TOKENS, edited)))
@@ -155,3 +157,54 @@ def test_gemm2_n_tiles_same_bytes(n_tiles, block):
         Fp8MoEOptions(k_unroll=2, gemm2_n_tiles=n_tiles)
     with pytest.raises(ValueError, match="ladle offers 1, 2, 4 or 8"):
         Fp8MoEOptions(gemm2_n_tiles=3)
+
+
+@pytest.mark.parametrize("slot_dtype", [None, torch.bfloat16], ids=["f32_rows", "bf16_rows"])
+@pytest.mark.parametrize("n_tiles,bn2,bm", [
+    (2, 32, 16),   # H = 160: 5 column tiles of 32, programs of 64 columns: the last one masked (not EVEN_N)
+    (1, 32, 16),   # one column tile per program, EVEN_N
+    (4, 32, 32),   # BM 32, 128-column programs: the second one past H (masked)
+], ids=["n2_masked", "n1_even", "n4_bm32"])
+def test_gemm2_aligned_rows_match_slot_rows(slot_dtype, n_tiles, bn2, bm, monkeypatch):
+    """gemm2_aligned: GEMM 2 writes the aligned rows (no routed weight) and the combine gathers them by
+    `aligned_positions` and applies the weights. Same promoted K steps as the slot-row GEMM 2 (the two scale
+    factors multiplied first: an fp32 rounding per step); the routed weight is applied after the row's rounding
+    to the row dtype instead of before it. So against the float64 reference its error is the slot-row path's plus
+    at most that rounding: per output element <= 2 u_row S + u_out (|out| + |slot-row out|), S = sum_i |w_i r_i|
+    over the slots (from the aligned rows), u_row / u_out the unit roundoffs of the row and output dtypes; in norm,
+    rel <= rel(slot rows) + (2 u_row ||S|| + 2 u_out ||out||) / ||ref|| + 1e-5 (the fp32 scale order). Float32 x
+    also against the reference directly (< 2e-3, as the other options); bf16 x runs with bf16 rows."""
+    x, tabs, ids, wts = _case(19, 160, 256, 5, 2, quantize_fp8_rows, seed=11 + n_tiles)
+    x = x.to(slot_dtype or x.dtype)  # 16-bit rows go with 16-bit activations
+    T, H, k = x.shape[0], x.shape[1], ids.shape[1]
+    cfg = MoETileConfig(bm, 32, bn2, 128, 4, 2)
+    slots = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=n_tiles)
+    aligned = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=n_tiles, gemm2_aligned=True)
+    kw = dict(config=cfg, block_uniform=True, slot_dtype=slot_dtype)
+    seen, real = [], moe8.fp8_moe_gemm2
+
+    def spy(plan, *args):
+        seen.append((plan, real(plan, *args)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(moe8, "fp8_moe_gemm2", spy)
+    out = fused_moe_fp8_triton(x, *tabs, ids, wts, options=aligned, **kw)
+    plan, rows = seen[-1]
+    assert plan.opt.gemm2_aligned and rows.shape == (plan.sorted_ids.numel(), H)
+    out_slots = fused_moe_fp8_triton(x, *tabs, ids, wts, options=slots, **kw)
+    ref = fused_moe_fp8_ref(x, *tabs, ids, wts)
+    pos = moe8.aligned_positions(plan.sorted_ids, T * k).long()
+    S = (rows[pos].double().abs() * wts.double().reshape(-1, 1)).view(T, k, H).sum(1)
+    u_row = 2.0 ** -24 if rows.dtype == torch.float32 else 2.0 ** -8
+    u_out = 2.0 ** -24 if x.dtype == torch.float32 else 2.0 ** -8
+    slack = (2 * u_row * S.norm() + 2 * u_out * out.double().norm()).item() / ref.double().norm().item() + 1e-5
+    assert _rel(out, ref) <= _rel(out_slots, ref) + slack
+    if slot_dtype is None:
+        assert _rel(out, ref) < 2e-3
+    assert not torch.equal(out, out_slots) or slot_dtype is None
+
+
+def test_gemm2_aligned_refusals():
+    """gemm2_aligned reads one weight scale per K step, so it needs block_scales."""
+    with pytest.raises(ValueError, match="gemm2_aligned needs block_scales"):
+        Fp8MoEOptions(gemm2_aligned=True)
