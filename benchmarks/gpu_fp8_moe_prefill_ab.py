@@ -16,7 +16,8 @@ Method (benchmarks/gpu_bench_common.py): per variant one call checked against `f
 same inputs (relative error of the [M, H] output, printed per row), then CUDA-graph replay medians of the whole op
 (`fused_moe_fp8_triton`: act quant, GEMM 1, act quant, GEMM 2, combine) and of GEMM 1, GEMM 2 and the combine alone
 (`fp8_moe_gemm1` / `fp8_moe_gemm2` on the op's own plan and quantized inputs, `fp8_moe_combine` on GEMM 2's slot
-rows; "comb us"; with "aligned" GEMM 2 the aligned rows, gathered by `aligned_positions`, which "comb us" includes). Slot rows: "bf16 slots" rows (since round 10 also the default from 257 tokens; "f32 slots" rows
+rows; "comb us"; with "aligned" GEMM 2 the aligned rows, gathered by `aligned_positions`, which "comb us"
+includes). Slot rows: "bf16 slots" rows (since round 10 also the default from 257 tokens; "f32 slots" rows
 force round 9's float32) store GEMM 2's per-slot rows in bf16 (the SLOT_DTYPE A/B of ladle/kernels/fused_moe.py:
 half the 8192 x 5 x 6144 x 4 B = 1.0 GB written by GEMM 2 and read by the combine at M = 8192), on the served tile
 and options ("gu block w8": MOE_TILES / FP8_MOE_OPTIONS "fp8_block")

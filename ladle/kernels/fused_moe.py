@@ -374,7 +374,8 @@ def combine_tile(num_tokens: int) -> tuple[int, int, int]:
 
 def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
                        block_t: Optional[int] = None, block_h: Optional[int] = None,
-                       positions: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       positions: Optional[torch.Tensor] = None,
+                       weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out_slots [T*k, H] float32, bfloat16 or float16 contiguous (row t*k + i: slot i of token t) -> [T, H] in
     out_dtype, one pass. Each slot is upcast to fp32 (exact) and the slots are summed in the fixed order
     ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounded once to out_dtype (round to nearest even), so

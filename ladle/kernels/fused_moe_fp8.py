@@ -56,8 +56,8 @@ from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, round
 from ladle.kernels.fp8_gemm import fp8_dot, fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, aligned_positions, check_routing,
-                                     moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for, store_slot_rows,
-                                     store_swigluoai, swigluoai_ref)
+                                     moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for,
+                                     store_slot_rows, store_swigluoai, swigluoai_ref)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
@@ -76,10 +76,10 @@ class Fp8MoEOptions:
     gemm2_n_tiles: GEMM 2 programs own that many consecutive BN2-wide column tiles of one row tile and walk them in
     one flattened (tile, K step) loop, storing each tile when its last K step is done (round 10: GEMM 2 has only
     I/128 = 6 K steps at one TP4 rank, so each program's pipeline fill is a large part of its life; k_unroll 1);
-    gemm2_aligned (with block_scales): GEMM 2 writes its rows in the aligned order (row p of the [P, H] output is
-    aligned row p, routed weight not applied) through a block pointer, so its epilogue loads neither slots nor
-    routed weights, and its K loop offsets one hoisted weight-pointer tile by a scalar; `moe_combine` then gathers
-    each slot's row and applies its weight (`aligned_positions`)."""
+    gemm2_aligned (with block_scales, k_unroll 1): GEMM 2 writes its rows in the aligned order (row p of the
+    [P, H] output is aligned row p, routed weight not applied) through a block pointer, so its epilogue loads
+    neither slots nor routed weights, and its K loop offsets one hoisted weight-pointer tile by a scalar;
+    `moe_combine` then gathers each slot's row and applies its weight (`aligned_positions`)."""
 
     gu_dot: bool = False
     k_unroll: int = 1
@@ -94,9 +94,10 @@ class Fp8MoEOptions:
         if self.gemm2_n_tiles not in (1, 2, 4, 8) or (self.gemm2_n_tiles > 1 and self.k_unroll != 1):
             raise ValueError(f"gemm2_n_tiles {self.gemm2_n_tiles} with k_unroll {self.k_unroll}: ladle offers 1, 2, "
                              "4 or 8 column tiles per program (more than 1 with k_unroll 1 only)")
-        if self.gemm2_aligned and not self.block_scales:
-            raise ValueError("gemm2_aligned needs block_scales (one weight scale per K step); ladle offers "
-                             "gemm2_aligned=False for per-row scales")
+        if self.gemm2_aligned and (not self.block_scales or self.k_unroll != 1):
+            raise ValueError(f"gemm2_aligned needs block_scales (one weight scale per K step) and k_unroll 1 (got "
+                             f"block_scales={self.block_scales}, k_unroll {self.k_unroll}); ladle offers "
+                             "gemm2_aligned=False otherwise")
         if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 

@@ -205,6 +205,9 @@ def test_gemm2_aligned_rows_match_slot_rows(slot_dtype, n_tiles, bn2, bm, monkey
 
 
 def test_gemm2_aligned_refusals():
-    """gemm2_aligned reads one weight scale per K step, so it needs block_scales."""
+    """gemm2_aligned reads one weight scale per K step, so it needs block_scales; its loop takes one K step per
+    iteration, so k_unroll 2 is refused rather than ignored."""
     with pytest.raises(ValueError, match="gemm2_aligned needs block_scales"):
         Fp8MoEOptions(gemm2_aligned=True)
+    with pytest.raises(ValueError, match="k_unroll 2"):
+        Fp8MoEOptions(block_scales=True, k_unroll=2, gemm2_aligned=True)
