@@ -390,7 +390,8 @@ def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dty
     Gathered form (positions and weights both given): out_slots is [R, H] rows in any order (GEMM 2's aligned rows,
     R >= T*k), positions [T*k] int32 the row of each slot (`aligned_positions`) and weights [T, k] fp32 the routed
     weights: slot t*k + i is weights[t, i] * float(out_slots[positions[t*k + i]]) (one fp32 product, then the same
-    sequential sum; the product adds one fp32 rounding per slot).
+    sequential sum; the product adds one fp32 rounding per slot, none where the GPU compiler fuses it into the add
+    as an FMA, so the "no FMA" above holds for the plain form only).
     block_t / block_h override `combine_tile`. No host sync: CUDA-graph capturable."""
     T, H = num_tokens, out_slots.shape[1]
     gather = positions is not None
