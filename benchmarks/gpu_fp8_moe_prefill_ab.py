@@ -42,6 +42,7 @@ Compilation dominates the wall time: about 30 kernels; --time-budget-s (80) skip
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -59,7 +60,8 @@ from benchmarks.gpu_quant_suite import Shapes, moe_inputs, per_expert  # noqa: E
 from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows, quantize_mxfp8  # noqa: E402
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, select_config,  # noqa: E402
                                      slot_dtype_for)
-from ladle.kernels.fused_moe_fp8 import (Fp8MoEOptions, fp8_moe_combine, fp8_moe_gemm1, fp8_moe_gemm2,  # noqa: E402
+from ladle.observe import dispatch  # noqa: E402
+from ladle.kernels.fused_moe_fp8 import (GLUON_OP, Fp8MoEOptions, fp8_moe_combine, fp8_moe_gemm1, fp8_moe_gemm2,  # noqa: E402
                                          fp8_moe_plan, fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
 
 SMOKE = Shapes(hid=256, i=128, e=8, k_routed=2, device="cpu")  # I = 128: the block-scale rows run too
@@ -68,6 +70,13 @@ W8 = MoETileConfig(64, 64, 128, 64, 8, 3)  # 8 warps at BM 64: with block scales
 GU_BLOCK = Fp8MoEOptions(gu_dot=True, block_scales=True)
 # (name, tile or None = the table's for M, options or None = the table's[, slot dtype: None = SLOT_DTYPE]), in the
 # order the time budget keeps them
+
+
+def GLUON(n_tiles):  # noqa: N802 - reads as the table's other option constants
+    """Served "fp8_block" options with GEMM 2's aligned rows from the Gluon kernel over n_tiles column tiles."""
+    return Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=n_tiles, gemm2_aligned=True, gemm2_gluon=True)
+
+
 ROUND3 = Fp8MoEOptions()  # the round-3 loop (two dots per K step, per-column scales): the A/B's baseline
 R3_PREFILL = MoETileConfig(64, 64, 128, 64, 4, 4)  # its prefill tile
 PREFILL = (
@@ -109,6 +118,14 @@ PREFILL = (
      Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=8, gemm2_aligned=True)),
     ("gu block w8 s3 g2n4 aligned", MoETileConfig(64, 64, 128, 64, 8, 3),
      Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True)),
+    # session 16: the aligned rows from the Gluon GEMM 2 (TMA ring of the tile's stages, one wgmma in flight during
+    # the promotion; 4 warps per 64 rows whatever the tile's num_warps)
+    ("gu block w8 s4 g2n4 gluon", MoETileConfig(64, 64, 128, 64, 8, 4), GLUON(4)),
+    ("gu block w8 s3 g2n4 gluon", MoETileConfig(64, 64, 128, 64, 8, 3), GLUON(4)),
+    ("gu block w8 s4 g2n8 gluon", MoETileConfig(64, 64, 128, 64, 8, 4), GLUON(8)),
+    ("gu block w8 s4 g2n2 gluon", MoETileConfig(64, 64, 128, 64, 8, 4), GLUON(2)),
+    ("gu block bm128 w8 s4 g2n4 gluon", MoETileConfig(128, 64, 128, 64, 8, 4), GLUON(4)),
+    ("gu block bm128 w8 s3 g2n4 gluon", MoETileConfig(128, 64, 128, 64, 8, 3), GLUON(4)),
 )
 MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
 MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
@@ -159,7 +176,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
            "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
                       f"block={int(options.block_scales)}" + _slots_label(slot, xs[0].dtype, m)
                       + (f" n2={options.gemm2_n_tiles}" if options.gemm2_n_tiles > 1 else "")
-                      + (" aligned" if options.gemm2_aligned else "")}
+                      + (" aligned" if options.gemm2_aligned else "") + (" gluon" if options.gemm2_gluon else "")}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt, slot_dtype=slot)
@@ -180,6 +197,13 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
             g2.append(lambda p=plan, a=i_q, s=i_s, w=wts: fp8_moe_gemm2(p, a, s, tabs[2], tabs[3], w))
             comb.append(functools.partial(fp8_moe_combine, plan, g2[-1](), wts, x.dtype))
         row["us_g1"], row["us_g2"], row["us_comb"] = graph_us(g1), graph_us(g2), graph_us(comb)
+        if options.gemm2_gluon:  # the Gluon rows against the Triton loop's aligned rows on the same plan and inputs
+            p = plan._replace(opt=dataclasses.replace(options, gemm2_gluon=False))
+            got, want = g2[-1]().float(), fp8_moe_gemm2(p, i_q, i_s, tabs[2], tabs[3], wts).float()
+            n = int(plan.npp.item())
+            row["gluon_vs_triton_max_rel"] = float(((got[:n] - want[:n]).abs().max() / want[:n].abs().max()))
+            buckets = dispatch.snapshot()["ops"][GLUON_OP]["buckets"].values()
+            row["gluon_executed"] = sum(b["executed"] for b in buckets)
         f1, f2 = 2 * slots * 2 * shapes.i * shapes.hid, 2 * slots * shapes.i * shapes.hid
         for key, us, flops in (("TF/s", "us", f1 + f2), ("TF/s_g1", "us_g1", f1), ("TF/s_g2", "us_g2", f2)):
             row[key] = flops / (row[us] * 1e-6) / 1e12
@@ -290,6 +314,10 @@ def main(argv=None):
         print(fmt(row, today(rows, row)))
     best_rows(rows)
     slot_pairs(rows)
+    for row in rows:
+        if "gluon_vs_triton_max_rel" in row:
+            print(f"gluon {row['variant']} M={row['M']}: GEMM 2 rows against the Triton loop's, max |diff| / max |rows| "
+                  f"{row['gluon_vs_triton_max_rel']:.2e}; gluon launches recorded so far {row['gluon_executed']}")
     return 1 if any("error" in r and not r["error"].startswith("skipped") for r in rows) else 0
 
 

@@ -61,8 +61,22 @@ from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, 
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
 
+try:  # Gluon (Triton's explicit-layout dialect, triton.experimental.gluon in Triton 3.6): the sm_90 GEMM 2 below
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAS_GLUON = True
+except ImportError:  # pragma: no cover - Triton without Gluon, or no Triton: the Triton loops run instead
+    HAS_GLUON = False
+
 OP = "fused_moe_fp8"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 expert weights + [rows, K/128] fp32 scales")
+GLUON_OP = "fp8_moe_gemm2_gluon"
+dispatch.register(GLUON_OP, "gluon", "Fp8MoEOptions.gemm2_gluon on an sm_90 CUDA device (not the interpreter), "
+                                     "Triton with Gluon, I a multiple of 128, H a multiple of BN2 x column tiles")
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,10 @@ class Fp8MoEOptions:
     gemm2_aligned (with block_scales, k_unroll 1): GEMM 2 writes its rows in the aligned order (row p of the
     [P, H] output is aligned row p, routed weight not applied) through a block pointer, so its epilogue loads
     neither slots nor routed weights, and its K loop offsets one hoisted weight-pointer tile by a scalar;
-    `moe_combine` then gathers each slot's row and applies its weight (`aligned_positions`)."""
+    `moe_combine` then gathers each slot's row and applies its weight (`aligned_positions`);
+    gemm2_gluon (with gemm2_aligned): on an sm_90 GPU those aligned rows come from the Gluon kernel
+    `_gemm2_aligned_gluon` (TMA operand ring, one wgmma in flight during the promotion; op GLUON_OP records
+    configured / eligible / executed); elsewhere (CPU interpreter, other GPUs) from the Triton loop, the same math."""
 
     gu_dot: bool = False
     k_unroll: int = 1
@@ -87,6 +104,7 @@ class Fp8MoEOptions:
     block_scales: bool = False
     gemm2_n_tiles: int = 1
     gemm2_aligned: bool = False
+    gemm2_gluon: bool = False
 
     def __post_init__(self):
         if self.k_unroll not in (1, 2):
@@ -98,6 +116,9 @@ class Fp8MoEOptions:
             raise ValueError(f"gemm2_aligned needs block_scales (one weight scale per K step) and k_unroll 1 (got "
                              f"block_scales={self.block_scales}, k_unroll {self.k_unroll}); ladle offers "
                              "gemm2_aligned=False otherwise")
+        if self.gemm2_gluon and not self.gemm2_aligned:
+            raise ValueError("gemm2_gluon writes aligned rows: it needs gemm2_aligned=True; ladle offers "
+                             "gemm2_gluon=False otherwise")
         if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 
@@ -341,6 +362,98 @@ def _gemm2_slot_rows(
                 acc = tl.zeros([BM, BN], tl.float32)
 
 
+if HAS_GLUON:
+
+    @gluon.jit
+    def _gemm2_aligned_gluon(a_desc, b_desc, out_desc, as_ptr, ws_ptr, expert_ptr, npp_ptr, N, num_kb, num_akb,
+                             stride_wse, N_TILES: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """GEMM 2 into aligned rows on sm_90 (Fp8MoEOptions.gemm2_gluon): the math of `_gemm2_aligned_rows`, with
+        the operands brought by TMA into a ring of STAGES shared-memory slots and one wgmma kept in flight while the
+        previous K step is promoted. Program (row tile of BM aligned rows, N_TILES consecutive BN-wide column tiles,
+        N fastest as `moe_tile_cols`); its steps j = (column tile t, K step kb), kb fastest.
+        a_desc: the quantized intermediate [P, I] fp8, block [BM, BK]; b_desc: w2 viewed [E' * N, I] fp8, block
+        [BN, BK]; out_desc: the aligned rows [P, N] (bf16 / fp16 / fp32), block [BM, BN]; as_ptr [P, num_akb] fp32
+        activation scales; ws_ptr the row-expanded fp32 weight scales [E', N, num_kb] (block-uniform: row 0 of
+        each 128-row block is read). Needs I a multiple of BK = 128 and N a multiple of BN * N_TILES (the launcher
+        checks). Step j: wgmma j is issued into a fresh accumulator (use_acc=False), then `warpgroup_mma_wait(1)`
+        retires wgmma j-1, whose tile is promoted acc += part * (a_s[:, None] * w_s) on the CUDA cores while wgmma
+        j runs; slot (j-1) % STAGES is then free and TMA brings step j-1+STAGES into it. A finished column tile
+        goes out through shared memory by a TMA store that overlaps the next tile's steps."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 32])
+        pid = gl.program_id(0)
+        num_n = gl.cdiv(N, BN * N_TILES)
+        pid_m = pid // num_n
+        n0 = (pid % num_n) * (BN * N_TILES)
+        if pid_m * BM < gl.load(npp_ptr):
+            e = gl.load(expert_ptr + pid_m)
+            m0 = pid_m * BM
+            b_row0 = e * N + n0
+            a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+            b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+            c_smem = gl.allocate_shared_memory(out_desc.dtype, [BM, BN], out_desc.layout)
+            ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(STAGES):
+                mbarrier.init(ready.index(s), count=1)
+            nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+            steps = N_TILES * num_kb
+            for j in gl.static_range(STAGES):  # prologue: steps 0 .. STAGES-1
+                t = j // num_kb
+                kb = j - t * num_kb
+                mbarrier.expect(ready.index(j), nbytes, pred=j < steps)
+                tma.async_copy_global_to_shared(a_desc, [m0, kb * BK], ready.index(j), a_smem.index(j), j < steps)
+                tma.async_copy_global_to_shared(b_desc, [b_row0 + t * BN, kb * BK], ready.index(j), b_smem.index(j),
+                                                j < steps)
+            rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+            as_rows = as_ptr + rows.to(gl.int64) * num_akb
+            ws_e = ws_ptr + e.to(gl.int64) * stride_wse
+            zero = gl.zeros([BM, BN], gl.float32, layout=mma)  # each wgmma's own accumulator (use_acc=False)
+            acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+            mbarrier.wait(ready.index(0), 0)
+            prev = warpgroup_mma(a_smem.index(0), b_smem.index(0).permute((1, 0)), zero, use_acc=False,
+                                 is_async=True)
+            s_prev = gl.load(as_rows) * gl.load(ws_e + (n0 // 128 * 128) * num_kb)
+            for j in range(1, steps):
+                slot = j % STAGES
+                mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+                cur = warpgroup_mma(a_smem.index(slot), b_smem.index(slot).permute((1, 0)), zero, use_acc=False,
+                                    is_async=True)
+                t = j // num_kb
+                kb = j - t * num_kb
+                s_cur = gl.load(as_rows + kb) * gl.load(ws_e + ((n0 + t * BN) // 128 * 128) * num_kb + kb)
+                part = warpgroup_mma_wait(1, deps=[prev])  # step j-1 done, step j in flight
+                acc = acc + part * s_prev[:, None]
+                if kb == 0:  # step j-1 closed column tile t-1
+                    tma.store_wait(0)
+                    c_smem.store(acc.to(out_desc.dtype))
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(out_desc, [m0, n0 + (t - 1) * BN], c_smem)
+                    acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+                nxt = j - 1 + STAGES  # into the slot wgmma j-1 has released
+                t_n = nxt // num_kb
+                kb_n = nxt - t_n * num_kb
+                free = (j - 1) % STAGES
+                mbarrier.expect(ready.index(free), nbytes, pred=nxt < steps)
+                tma.async_copy_global_to_shared(a_desc, [m0, kb_n * BK], ready.index(free), a_smem.index(free),
+                                                nxt < steps)
+                tma.async_copy_global_to_shared(b_desc, [b_row0 + t_n * BN, kb_n * BK], ready.index(free),
+                                                b_smem.index(free), nxt < steps)
+                prev = cur
+                s_prev = s_cur
+            part = warpgroup_mma_wait(0, deps=[prev])
+            acc = acc + part * s_prev[:, None]
+            tma.store_wait(0)
+            c_smem.store(acc.to(out_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(out_desc, [m0, n0 + (N_TILES - 1) * BN], c_smem)
+            tma.store_wait(0)
+            for s in gl.static_range(STAGES):
+                mbarrier.invalidate(ready.index(s))
+
+
 def _check(x, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
     """Assert the FP8 / MXFP8 expert tables against x [T, H] (module doc); returns (T, H, E', I)."""
     T, H = x.shape
@@ -429,6 +542,50 @@ def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: t
     return inter
 
 
+def gluon_gemm2_reason(i_q: torch.Tensor, H: int, I: int, bm: int, bn2: int, opt: Fp8MoEOptions,
+                       g: int) -> Optional[str]:
+    """Why `_gemm2_aligned_gluon` cannot run here (None: it can): an sm_90 CUDA device outside the interpreter,
+    Triton with Gluon, 128-wide K groups with I a multiple of them, H a multiple of BN2 x column tiles, BM 64 or
+    128 (one warpgroup of 4 warps per 64 rows)."""
+    if not HAS_GLUON:
+        return "triton without gluon"
+    if i_q.device.type != "cuda" or interpreting():
+        return "not a cuda device (gluon does not run under the interpreter)"
+    if torch.cuda.get_device_capability(i_q.device) != (9, 0):
+        return f"compute capability {torch.cuda.get_device_capability(i_q.device)} (needs sm_90)"
+    if g != 128 or I % 128 or H % (bn2 * opt.gemm2_n_tiles) or bm not in (64, 128):
+        return f"shape: group {g}, I {I}, H {H} with BN2 {bn2} x {opt.gemm2_n_tiles} column tiles, BM {bm}"
+    return None
+
+
+def compile_gemm2_gluon_sm90(bm: int, bn2: int, n_tiles: int, stages: int, out_dtype: torch.dtype = torch.bfloat16):
+    """Compile `_gemm2_aligned_gluon` for sm_90a without a GPU (Triton's ptxas; works beside TRITON_INTERPRET=1):
+    the CPU tests' check that the kernel builds and keeps one wgmma in flight, and benchmarks/
+    fp8_moe_sm90_resources.py's register / shared-memory table. Returns Triton's compiled kernel (asm["ptx"],
+    metadata.shared)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    g, fp8 = 128, gl.float8e4nv
+    a = TensorDescriptor.from_tensor(torch.empty(bm, g, dtype=FP8_DTYPE), [bm, g],
+                                     gl.NVMMASharedLayout.get_default_for([bm, g], fp8))
+    b = TensorDescriptor.from_tensor(torch.empty(bn2, g, dtype=FP8_DTYPE), [bn2, g],
+                                     gl.NVMMASharedLayout.get_default_for([bn2, g], fp8))
+    o = TensorDescriptor.from_tensor(torch.empty(bm, bn2, dtype=out_dtype), [bm, bn2],
+                                     gl.NVMMASharedLayout.get_default_for([bm, bn2], _GL_DTYPES[out_dtype]))
+    f32, i32 = torch.empty(1), torch.empty(1, dtype=torch.int32)
+    fn = _gemm2_aligned_gluon
+    sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, (a, b, o, f32, f32, i32, i32, 1, 1, 1, 1))}
+    consts = {"N_TILES": n_tiles, "STAGES": stages, "num_warps": bm // 16}
+    sig.update({name: "constexpr" for name in consts})
+    return triton.compile(GluonASTSource(fn, sig, consts, {}), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": bm // 16})
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32} if HAS_GLUON else {}
+
+
 def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                   topk_weights: torch.Tensor) -> torch.Tensor:
     """GEMM 2 x routed weight: i_q [P, I] fp8 / i_s [P, I/128] fp32 (the quantized intermediate) -> out_slots
@@ -437,6 +594,20 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
     (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k, slots_dt), (H, I) = plan, (w2.shape[1], w2.shape[2])
     bm, P = cfg.block_m, sorted_ids.numel()
     out = torch.empty((P if opt.gemm2_aligned else T * k, H), dtype=slots_dt, device=i_q.device)
+    if opt.gemm2_gluon and dispatch.decide(GLUON_OP, dispatch.tokens_bucket(T), configured=True,
+                                           ineligible_reason=gluon_gemm2_reason(i_q, H, I, bm, bn2, opt, g)):
+        a_desc = TensorDescriptor.from_tensor(i_q, [bm, g], gl.NVMMASharedLayout.get_default_for([bm, g],
+                                                                                                 gl.float8e4nv))
+        w2_rows = w2.view(-1, I)
+        b_desc = TensorDescriptor.from_tensor(w2_rows, [bn2, g], gl.NVMMASharedLayout.get_default_for(
+            [bn2, g], gl.float8e4nv))
+        out_gl = _GL_DTYPES[slots_dt]
+        o_desc = TensorDescriptor.from_tensor(out, [bm, bn2], gl.NVMMASharedLayout.get_default_for([bm, bn2],
+                                                                                                    out_gl))
+        _gemm2_aligned_gluon[((P // bm) * (H // (bn2 * opt.gemm2_n_tiles)),)](
+            a_desc, b_desc, o_desc, i_s, w2_scale, expert_ids, npp, H, I // g, i_s.shape[1], w2_scale.stride(0),
+            N_TILES=opt.gemm2_n_tiles, STAGES=cfg.num_stages, num_warps=bm // 16)
+        return out
     _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2 * opt.gemm2_n_tiles),)](
         i_q, i_s, w2, w2_scale, out, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,
         triton.cdiv(I, g), i_s.shape[1], w2.stride(0), w2_scale.stride(0), P,
