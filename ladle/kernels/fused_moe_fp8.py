@@ -377,7 +377,8 @@ if HAS_GLUON:
         each 128-row block is read). Needs I a multiple of BK = 128 and N a multiple of BN * N_TILES (the launcher
         checks). Step j: wgmma j is issued into a fresh accumulator (use_acc=False), then `warpgroup_mma_wait(1)`
         retires wgmma j-1, whose tile is promoted acc += part * (a_s[:, None] * w_s) on the CUDA cores while wgmma
-        j runs; slot (j-1) % STAGES is then free and TMA brings step j-1+STAGES into it. A finished column tile
+        j runs; slot (j-1) % STAGES is then free (with 8 warps after a CTA barrier: a warpgroup's wait covers only
+        its own wgmma) and TMA brings step j-1+STAGES into it. A finished column tile
         goes out through shared memory by a TMA store that overlaps the next tile's steps."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -432,6 +433,8 @@ if HAS_GLUON:
                     fence_async_shared()
                     tma.async_copy_shared_to_global(out_desc, [m0, n0 + (t - 1) * BN], c_smem)
                     acc = gl.zeros([BM, BN], gl.float32, layout=mma)
+                if num_warps > 4:  # each warpgroup retired only its own wgmma j-1: all must have, before TMA
+                    gl.thread_barrier()
                 nxt = j - 1 + STAGES  # into the slot wgmma j-1 has released
                 t_n = nxt // num_kb
                 kb_n = nxt - t_n * num_kb
