@@ -146,12 +146,16 @@ class Fp8MoEOptions:
 # 990.5 against 1,098.6 us (1.11x), the op with its gathering combine 2,411.8 against 2,470.6 (1.02x; call 2's probe
 # of the same loop 1.31x / 1.07x). Above 8192 tokens (the 128-row tile) aligned rows gained 1.00-1.01x with GEMM 2
 # at 64-row tiles under the 128-row plan, and a 128-row aligned GEMM 2 compiles to 255 registers with spills
-# (benchmarks/fp8_moe_sm90_resources.py), so that bucket keeps slot rows.
+# (benchmarks/fp8_moe_sm90_resources.py), so that bucket kept slot rows. Round 16 (results/round16/call1, one run,
+# rows bitwise equal to the Triton loop's): the Gluon GEMM 2 (gemm2_gluon) at M = 8192 645.2 against 1,093.0 us
+# (1.69x; the op 2,089.5 against 2,419.4, 1.16x); above 8192 with the 128-row tile 1,331.3 / 2,451.9 against
+# 2,035.0 / 3,707.0 us at M = 16384 / 32768 (the op 1.14x / 1.16x), where the Triton aligned loop would spill: both
+# buckets take it (off sm_90 the Triton aligned loop computes the same rows).
 FP8_MOE_OPTIONS: dict[str, tuple[tuple[int, Fp8MoEOptions], ...]] = {
     "fp8": ((MAX_TOKENS, Fp8MoEOptions(gu_dot=True)),),
     "fp8_block": ((256, Fp8MoEOptions(gu_dot=True, block_scales=True)),
-                  (8192, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True)),
-                  (MAX_TOKENS, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4))),
+                  (MAX_TOKENS, Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True,
+                                             gemm2_gluon=True))),
     "mxfp8": ((MAX_TOKENS, Fp8MoEOptions()),),
 }
 
