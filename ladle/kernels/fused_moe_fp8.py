@@ -77,9 +77,6 @@ dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 expert
 GLUON_OP = "fp8_moe_gemm2_gluon"
 dispatch.register(GLUON_OP, "gluon", "Fp8MoEOptions.gemm2_gluon on an sm_90 CUDA device (not the interpreter), "
                                      "Triton with Gluon, I a multiple of 128, H a multiple of BN2 x column tiles")
-GLUON1_OP = "fp8_moe_gemm1_gluon"
-dispatch.register(GLUON1_OP, "gluon", "Fp8MoEOptions.gemm1_gluon on an sm_90 CUDA device (not the interpreter), "
-                                      "Triton with Gluon, H and I multiples of 128, BN1 dividing 128")
 
 
 @dataclass(frozen=True)
@@ -99,10 +96,9 @@ class Fp8MoEOptions:
     `moe_combine` then gathers each slot's row and applies its weight (`aligned_positions`);
     gemm2_gluon (with gemm2_aligned): on an sm_90 GPU those aligned rows come from the Gluon kernel
     `_gemm2_aligned_gluon` (TMA operand ring, one wgmma in flight during the promotion; op GLUON_OP records
-    configured / eligible / executed); elsewhere (CPU interpreter, other GPUs) from the Triton loop, the same math;
-    gemm1_gluon (with gu_dot and block_scales): likewise GEMM 1 from `_gemm1_aligned_gluon` on an sm_90 GPU, on the
-    quantized activations first gathered into aligned rows (`gather_rows`, a [P, H] fp8 copy) so TMA can bring
-    them; elsewhere the Triton GEMM 1."""
+    configured / eligible / executed); elsewhere (CPU interpreter, other GPUs) from the Triton loop, the same math.
+    (A Gluon GEMM 1 of the same structure, on activations gathered into aligned rows, ran no faster than the Triton
+    GEMM 1 in round 16's call 2 and is not in the tree: commit 8842ee4, results/round16/README.md.)"""
 
     gu_dot: bool = False
     k_unroll: int = 1
@@ -111,7 +107,6 @@ class Fp8MoEOptions:
     gemm2_n_tiles: int = 1
     gemm2_aligned: bool = False
     gemm2_gluon: bool = False
-    gemm1_gluon: bool = False
 
     def __post_init__(self):
         if self.k_unroll not in (1, 2):
@@ -126,9 +121,6 @@ class Fp8MoEOptions:
         if self.gemm2_gluon and not self.gemm2_aligned:
             raise ValueError("gemm2_gluon writes aligned rows: it needs gemm2_aligned=True; ladle offers "
                              "gemm2_gluon=False otherwise")
-        if self.gemm1_gluon and not (self.gu_dot and self.block_scales):
-            raise ValueError("gemm1_gluon runs gate and up as one dot with block scales: it needs gu_dot=True and "
-                             "block_scales=True; ladle offers gemm1_gluon=False otherwise")
         if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 
@@ -471,97 +463,6 @@ if HAS_GLUON:
                 mbarrier.invalidate(ready.index(s))
 
 
-if HAS_GLUON:
-
-    @gluon.jit
-    def _gemm1_aligned_gluon(a_desc, b_desc, inter_ptr, as_ptr, ws_ptr, expert_ptr, npp_ptr, I, num_kb, num_akb,
-                             stride_wse, alpha, limit, STAGES: gl.constexpr, num_warps: gl.constexpr):
-        """GEMM 1 + swigluoai on sm_90 (Fp8MoEOptions.gemm1_gluon), the math of `_fp8_gemm1_kernel` with gu_dot and
-        block scales, on activation rows already in the aligned order. Program (row tile of BM aligned rows, BN
-        gate columns n0.. and the same up columns, N fastest). a_desc: the quantized activations gathered into
-        aligned rows [P, H] fp8 (`gather_rows`), block [BM, BK]; b_desc: w13 viewed [E' * 2I, H] fp8, block
-        [BN, BK]: each K step TMA brings the gate rows (e 2I + n0) into the top half and the up rows (e 2I + I + n0)
-        into the bottom half of one [2 BN, BK] slot, so one [BM, 2 BN] wgmma (columns: BN gate, then BN up) runs
-        per step; as_ptr [P, num_akb] fp32 activation scales (aligned rows); ws_ptr the row-expanded fp32 weight
-        scales [E', 2I, num_kb] (block-uniform: row 0 of the gate and of the up block). K loop as
-        `_gemm2_aligned_gluon` (TMA ring of STAGES slots; wgmma j in flight while j-1 is promoted by
-        a_s[:, None] x w_s[None, :], w_s the gate scale on gate columns and the up scale on up columns). Epilogue:
-        the fp32 tile goes through shared memory to split gate and up, swigluoai as `swigluoai_tile`, rows
-        [BM, BN] stored into inter [P, I]."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[0]
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, 2 * BN, 32])
-        pid = gl.program_id(0)
-        num_n = gl.cdiv(I, BN)
-        pid_m = pid // num_n
-        n0 = (pid % num_n) * BN
-        if pid_m * BM < gl.load(npp_ptr):
-            e = gl.load(expert_ptr + pid_m)
-            m0 = pid_m * BM
-            g_row = e * (2 * I) + n0
-            a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-            b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 2 * BN, BK], b_desc.layout)
-            ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for s in gl.static_range(STAGES):
-                mbarrier.init(ready.index(s), count=1)
-            nbytes: gl.constexpr = a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes
-            for j in gl.static_range(STAGES):  # prologue: steps 0 .. STAGES-1
-                bar = ready.index(j)
-                mbarrier.expect(bar, nbytes, pred=j < num_kb)
-                tma.async_copy_global_to_shared(a_desc, [m0, j * BK], bar, a_smem.index(j), j < num_kb)
-                tma.async_copy_global_to_shared(b_desc, [g_row, j * BK], bar, b_smem.index(j).slice(0, BN),
-                                                j < num_kb)
-                tma.async_copy_global_to_shared(b_desc, [g_row + I, j * BK], bar, b_smem.index(j).slice(BN, BN),
-                                                j < num_kb)
-            rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-            as_rows = as_ptr + rows.to(gl.int64) * num_akb
-            ws_g = ws_ptr + e.to(gl.int64) * stride_wse + (n0 // 128 * 128) * num_kb  # row 0 of the gate block
-            ws_u = ws_g + I * num_kb  # ... and of the up block
-            up_col = gl.arange(0, 2 * BN, layout=gl.SliceLayout(0, mma)) >= BN
-            zero = gl.zeros([BM, 2 * BN], gl.float32, layout=mma)  # each wgmma's own accumulator (use_acc=False)
-            acc = gl.zeros([BM, 2 * BN], gl.float32, layout=mma)
-            mbarrier.wait(ready.index(0), 0)
-            prev = warpgroup_mma(a_smem.index(0), b_smem.index(0).permute((1, 0)), zero, use_acc=False,
-                                 is_async=True)
-            s_prev = gl.where(up_col, gl.load(ws_u), gl.load(ws_g))[None, :] * gl.load(as_rows)[:, None]
-            for j in range(1, num_kb):
-                slot = j % STAGES
-                mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-                cur = warpgroup_mma(a_smem.index(slot), b_smem.index(slot).permute((1, 0)), zero, use_acc=False,
-                                    is_async=True)
-                s_cur = gl.where(up_col, gl.load(ws_u + j), gl.load(ws_g + j))[None, :] * gl.load(as_rows + j)[:, None]
-                part = warpgroup_mma_wait(1, deps=[prev])  # step j-1 done, step j in flight
-                acc = acc + part * s_prev
-                if num_warps > 4:  # each warpgroup retired only its own wgmma j-1: all must have, before TMA
-                    gl.thread_barrier()
-                nxt = j - 1 + STAGES  # into the slot wgmma j-1 has released
-                free = (j - 1) % STAGES
-                bar = ready.index(free)
-                mbarrier.expect(bar, nbytes, pred=nxt < num_kb)
-                tma.async_copy_global_to_shared(a_desc, [m0, nxt * BK], bar, a_smem.index(free), nxt < num_kb)
-                tma.async_copy_global_to_shared(b_desc, [g_row, nxt * BK], bar, b_smem.index(free).slice(0, BN),
-                                                nxt < num_kb)
-                tma.async_copy_global_to_shared(b_desc, [g_row + I, nxt * BK], bar,
-                                                b_smem.index(free).slice(BN, BN), nxt < num_kb)
-                prev = cur
-                s_prev = s_cur
-            part = warpgroup_mma_wait(0, deps=[prev])
-            acc = acc + part * s_prev
-            for s in gl.static_range(STAGES):
-                mbarrier.invalidate(ready.index(s))
-            blk: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
-            c_smem = gl.allocate_shared_memory(gl.float32, [BM, 2 * BN], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-            c_smem.store(acc)
-            gate = gl.minimum(c_smem.slice(0, BN, dim=1).load(blk), limit)
-            up = gl.minimum(gl.maximum(c_smem.slice(BN, BN, dim=1).load(blk), -limit), limit)
-            h = (up + 1.0) * gate * (1.0 / (1.0 + gl.exp(-(alpha * gate))))
-            r = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, blk))
-            c = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, blk))
-            gl.store(inter_ptr + r[:, None].to(gl.int64) * I + c[None, :], h.to(inter_ptr.dtype.element_ty))
-
-
 def _check(x, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
     """Assert the FP8 / MXFP8 expert tables against x [T, H] (module doc); returns (T, H, E', I)."""
     T, H = x.shape
@@ -641,16 +542,6 @@ def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: t
     (cfg, opt, bn1, _, g, e8m0, sorted_ids, expert_ids, npp, T, k, _), (H, I) = plan, (w13.shape[2], w13.shape[1] // 2)
     bm, P = cfg.block_m, sorted_ids.numel()
     inter = torch.empty((P, I), dtype=out_dtype, device=a_q.device)
-    if opt.gemm1_gluon and dispatch.decide(GLUON1_OP, dispatch.tokens_bucket(T), configured=True,
-                                           ineligible_reason=gluon_reason(a_q, bm, g, H % 128 or I % 128 or 128 % bn1,
-                                                                          f"H {H}, I {I}, BN1 {bn1}")):
-        a_rows, s_rows = gather_rows(a_q, a_s, sorted_ids, k)
-        a_desc = TensorDescriptor.from_tensor(a_rows, [bm, g], _nvmma([bm, g], gl.float8e4nv))
-        b_desc = TensorDescriptor.from_tensor(w13.view(-1, H), [bn1, g], _nvmma([bn1, g], gl.float8e4nv))
-        _gemm1_aligned_gluon[((P // bm) * (I // bn1),)](
-            a_desc, b_desc, inter, s_rows, w13_scale, expert_ids, npp, I, H // g, s_rows.shape[1],
-            w13_scale.stride(0), float(alpha), float(limit), STAGES=cfg.num_stages, num_warps=bm // 16)
-        return inter
     _fp8_gemm1_kernel[((P // bm) * triton.cdiv(I, bn1),)](
         a_q, a_s, w13, w13_scale, inter, sorted_ids, expert_ids, npp, T * k, k, I, H, triton.cdiv(H, g),
         a_s.shape[1], w13.stride(0), w13_scale.stride(0), float(alpha), float(limit),
@@ -661,7 +552,7 @@ def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: t
 
 
 def gluon_reason(t: torch.Tensor, bm: int, g: int, bad_shape: int, shape: str) -> Optional[str]:
-    """Why a Gluon FP8 MoE GEMM cannot run on t's device (None: it can): it needs Triton with Gluon, an sm_90 CUDA
+    """Why the Gluon GEMM 2 cannot run on t's device (None: it can): it needs Triton with Gluon, an sm_90 CUDA
     device outside the interpreter, 128-wide K groups, BM 64 or 128 (one warpgroup of 4 warps per 64 rows) and a
     shape its tiles cover (bad_shape 0; `shape` names it otherwise)."""
     if not HAS_GLUON:
@@ -675,24 +566,15 @@ def gluon_reason(t: torch.Tensor, bm: int, g: int, bad_shape: int, shape: str) -
     return None
 
 
-def gather_rows(a_q: torch.Tensor, a_s: torch.Tensor, sorted_ids: torch.Tensor, k: int):
-    """The quantized activations a_q [T, H] fp8 / a_s [T, H/128] fp32 copied into moe_align's aligned order: row p
-    is token sorted_ids[p] // k; a padding row (sentinel T*k) copies token T-1, computed by GEMM 1 and never
-    combined. Two torch gathers (P x H bytes written), no host sync."""
-    tok = torch.clamp(sorted_ids // k, max=a_q.shape[0] - 1)
-    return a_q.view(torch.uint8).index_select(0, tok).view(a_q.dtype), a_s.index_select(0, tok)
-
-
 def _nvmma(block: list, dtype):
     """The NVMMA shared layout Gluon's TMA and wgmma take for a block of `dtype` (128-byte swizzle for fp8 x 128)."""
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def compile_gluon_sm90(gemm: int, bm: int, bn: int, stages: int, n_tiles: int = 4,
-                       out_dtype: torch.dtype = torch.bfloat16):
-    """Compile `_gemm1_aligned_gluon` (gemm 1: BN gate columns + BN up columns) or `_gemm2_aligned_gluon` (gemm 2:
-    n_tiles column tiles of BN, rows in out_dtype) for sm_90a without a GPU (Triton's ptxas; works beside
-    TRITON_INTERPRET=1): the CPU tests' check that the kernels build and keep one wgmma in flight, and benchmarks/
+def compile_gemm2_gluon_sm90(bm: int, bn2: int, n_tiles: int, stages: int, out_dtype: torch.dtype = torch.bfloat16):
+    """Compile `_gemm2_aligned_gluon` for sm_90a without a GPU (Triton's ptxas; works with TRITON_INTERPRET=1 set,
+    but not in a process where a kernel has already run under the interpreter, which leaves Triton's language
+    patched: the CPU test compiles in a fresh subprocess): the CPU tests' check that the kernel builds and keeps one wgmma in flight, and benchmarks/
     fp8_moe_sm90_resources.py's register / shared-memory table. Returns Triton's compiled kernel (asm["ptx"],
     metadata.shared)."""
     from triton.backends.compiler import GPUTarget
@@ -701,17 +583,13 @@ def compile_gluon_sm90(gemm: int, bm: int, bn: int, stages: int, n_tiles: int = 
 
     g, fp8 = 128, gl.float8e4nv
     a = TensorDescriptor.from_tensor(torch.empty(bm, g, dtype=FP8_DTYPE), [bm, g], _nvmma([bm, g], fp8))
-    b = TensorDescriptor.from_tensor(torch.empty(bn, g, dtype=FP8_DTYPE), [bn, g], _nvmma([bn, g], fp8))
+    b = TensorDescriptor.from_tensor(torch.empty(bn2, g, dtype=FP8_DTYPE), [bn2, g], _nvmma([bn2, g], fp8))
+    o = TensorDescriptor.from_tensor(torch.empty(bm, bn2, dtype=out_dtype), [bm, bn2],
+                                     _nvmma([bm, bn2], _GL_DTYPES[out_dtype]))
     f32, i32 = torch.empty(1), torch.empty(1, dtype=torch.int32)
-    if gemm == 1:
-        fn, consts = _gemm1_aligned_gluon, {"STAGES": stages, "num_warps": bm // 16}
-        args = (a, b, torch.empty(1, dtype=out_dtype), f32, f32, i32, i32, 1, 1, 1, 1, 1.0, 1.0)
-    else:
-        o = TensorDescriptor.from_tensor(torch.empty(bm, bn, dtype=out_dtype), [bm, bn],
-                                         _nvmma([bm, bn], _GL_DTYPES[out_dtype]))
-        fn, consts = _gemm2_aligned_gluon, {"N_TILES": n_tiles, "STAGES": stages, "num_warps": bm // 16}
-        args = (a, b, o, f32, f32, i32, i32, 1, 1, 1, 1)
-    sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, args)}
+    fn = _gemm2_aligned_gluon
+    sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, (a, b, o, f32, f32, i32, i32, 1, 1, 1, 1))}
+    consts = {"N_TILES": n_tiles, "STAGES": stages, "num_warps": bm // 16}
     sig.update({name: "constexpr" for name in consts})
     return triton.compile(GluonASTSource(fn, sig, consts, {}), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": bm // 16})

@@ -12,7 +12,9 @@ rounding per element, averaging down over K): asserted < 8%.
 from __future__ import annotations
 
 import dataclasses
-import re
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -20,10 +22,9 @@ import torch
 from ladle.kernels.fp8_gemm import GemmTileConfig, fp8_gemm_ref, fp8_gemm_triton, fp8_linear
 from ladle.kernels.fp8_quant import (act_quant_ref, act_quant_triton, dequant_block_fp8, quantize_block_fp8,
                                      quantize_fp8_rows, quantize_mxfp8)
-from ladle.kernels.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, fused_moe_ref, swigluoai_ref
-from ladle.kernels.fused_moe_fp8 import (GLUON1_OP, GLUON_OP, Fp8MoEOptions, compile_gluon_sm90, fp8_moe_gemm1,
-                                         fp8_moe_gemm2, fp8_moe_plan, fused_moe_fp8, fused_moe_fp8_ref,
-                                         fused_moe_fp8_triton)
+from ladle.kernels.fused_moe import MoETileConfig, fused_moe_ref
+from ladle.kernels.fused_moe_fp8 import (GLUON_OP, Fp8MoEOptions, compile_gemm2_gluon_sm90, fp8_moe_gemm2,
+                                         fp8_moe_plan, fused_moe_fp8, fused_moe_fp8_ref, fused_moe_fp8_triton)
 from ladle.kernels.moe_router import moe_router_triton
 from ladle.observe import dispatch
 
@@ -211,59 +212,53 @@ def test_fused_moe_fp8_gpu_real_shapes(T, block):
 @pytest.mark.gpu
 @pytest.mark.parametrize("bm", [64, 128])
 @pytest.mark.parametrize("T", [2048, 9000])
-def test_gluon_gemms_equal_triton(T, bm):
-    """The Gluon GEMM 1 (`_gemm1_aligned_gluon`, on `gather_rows`) and GEMM 2 (`_gemm2_aligned_gluon`) against the
-    Triton loops on the same plan and the float64 GEMMs of the same quantized operands, at a TP4 rank of M3 (H 6144,
-    I_r 768, 128 routed + shared, top-4 + shared), BM 64 (4 warps) and 128 (8 warps), 4 stages; each launch shows
-    in its dispatch op; the op through both against its reference."""
-    H, I, E, k = 6144, 768, 128, 5
+def test_gemm2_gluon_equals_triton_aligned_rows(T, bm):
+    """The Gluon GEMM 2 (`_gemm2_aligned_gluon`) against the Triton loop's aligned rows and the float64 GEMM 2 of
+    the same quantized operands, at a TP4 rank of M3 (H 6144, I_r 768, 128 routed + shared, top-4 + shared), BM 64
+    (4 warps) and 128 (8 warps), 4 column tiles, 4 stages; the launch shows in its dispatch op; the op through it
+    against its reference."""
+    H, I, E = 6144, 768, 128
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     ids, wts = moe_router_triton(x, torch.randn(E, H, device="cuda"), torch.zeros(E, device="cuda"), 4, 2.0,
                                  shared_expert=True)
     w13_q, w13_s = quantize_fp8_rows(torch.randn(E + 1, 2 * I, H, device="cuda") / H ** 0.5)
     w2_q, w2_s = quantize_fp8_rows(torch.randn(E + 1, H, I, device="cuda") / I ** 0.5)
     cfg = MoETileConfig(bm, 64, 128, 64, 8, 4)
-    gluon = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True, gemm2_gluon=True,
-                          gemm1_gluon=True)
+    gluon = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True, gemm2_gluon=True)
     plan = fp8_moe_plan(x, w13_q, w13_s, w2_q, w2_s, ids, wts, cfg, gluon, block_uniform=True)
-    tri = plan._replace(opt=dataclasses.replace(gluon, gemm1_gluon=False, gemm2_gluon=False))
-    n = int(plan.npp.item())
-    e = plan.expert_ids.long().repeat_interleave(bm)[:n]
-    real = plan.sorted_ids[:n] < T * k  # GEMM 1's padding rows: Triton writes zeros, Gluon a copy of token T-1's
-    dispatch.reset()
-    # GEMM 1 + swigluoai
-    a_q, a_s = act_quant_triton(x)
-    got1 = fp8_moe_gemm1(plan, a_q, a_s, w13_q, w13_s, SWIGLU_ALPHA, SWIGLU_LIMIT, torch.bfloat16)[:n].float()
-    want1 = fp8_moe_gemm1(tri, a_q, a_s, w13_q, w13_s, SWIGLU_ALPHA, SWIGLU_LIMIT, torch.bfloat16)[:n].float()
-    xa = dequant_block_fp8(a_q, a_s, torch.float64)[(plan.sorted_ids[:n] // k).clamp(max=T - 1).long()]
-    ref1 = torch.empty(n, I, dtype=torch.float64, device="cuda")
-    # GEMM 2 on fresh intermediate rows
     i_q, i_s = act_quant_triton(torch.randn(plan.sorted_ids.numel(), I, device="cuda", dtype=torch.bfloat16))
-    got2 = fp8_moe_gemm2(plan, i_q, i_s, w2_q, w2_s, wts)[:n].float()
-    want2 = fp8_moe_gemm2(tri, i_q, i_s, w2_q, w2_s, wts)[:n].float()
-    ia = dequant_block_fp8(i_q[:n], i_s[:n], torch.float64)
-    ref2 = torch.empty(n, H, dtype=torch.float64, device="cuda")
+    dispatch.reset()
+    got = fp8_moe_gemm2(plan, i_q, i_s, w2_q, w2_s, wts).float()
+    assert sum(b["executed"] for b in dispatch.snapshot()["ops"][GLUON_OP]["buckets"].values()) == 1
+    triton_rows = fp8_moe_gemm2(plan._replace(opt=dataclasses.replace(gluon, gemm2_gluon=False)), i_q, i_s, w2_q,
+                                w2_s, wts).float()
+    n = int(plan.npp.item())
+    a = dequant_block_fp8(i_q[:n], i_s[:n], torch.float64)
+    e = plan.expert_ids.long().repeat_interleave(bm)[:n]
+    ref = torch.empty(n, H, dtype=torch.float64, device="cuda")
     for ex in e.unique().tolist():
         rows = (e == ex).nonzero().squeeze(1)
-        w13 = dequant_block_fp8(w13_q[ex], w13_s[ex], torch.float64)
-        ref1[rows] = swigluoai_ref(xa[rows] @ w13[:I].T, xa[rows] @ w13[I:].T, SWIGLU_ALPHA, SWIGLU_LIMIT)
-        ref2[rows] = ia[rows] @ dequant_block_fp8(w2_q[ex], w2_s[ex], torch.float64).T
-    ops = dispatch.snapshot()["ops"]
-    assert [sum(b["executed"] for b in ops[op]["buckets"].values()) for op in (GLUON1_OP, GLUON_OP)] == [1, 1]
-    assert _rel(got1[real], ref1[real]) < 5e-3  # bf16 rows: 2^-9 relative rounding, fp32 sums
-    assert _rel(got1[real], want1[real]) < 5e-3
-    assert _rel(got2, ref2) < 5e-3
-    assert _rel(got2, want2) < 5e-3
+        ref[rows] = a[rows] @ dequant_block_fp8(w2_q[ex], w2_s[ex], torch.float64).T
+    assert _rel(got[:n], ref) < 5e-3  # bf16 rows: 2^-9 relative rounding, fp32 sums
+    assert _rel(got[:n], triton_rows[:n]) < 5e-3
     out = fused_moe_fp8_triton(x, w13_q, w13_s, w2_q, w2_s, ids, wts, config=cfg, options=gluon, block_uniform=True)
     assert _rel(out, fused_moe_fp8_ref(x, w13_q, w13_s, w2_q, w2_s, ids, wts)) < 2e-2
 
 
-@pytest.mark.parametrize("gemm,bm,bn", [(1, 64, 64), (1, 128, 64), (2, 64, 128), (2, 128, 128)])
-def test_gluon_gemms_compile_for_sm90_with_one_wgmma_in_flight(gemm, bm, bn):
-    """CPU (no GPU needed): the Gluon GEMM 1 / GEMM 2 build for sm_90a through ptxas at the served tiles (4 stages),
-    their K loops wait for at most one outstanding wgmma (PTX `wgmma.wait_group 1`; only the drain after the loop
-    waits for 0), and their shared memory fits an H100 / H200 SM (227 KiB per block). The numerics are checked on
-    the GPU (`test_gluon_gemms_equal_triton`)."""
-    kernel = compile_gluon_sm90(gemm, bm, bn, 4)
-    assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", kernel.asm["ptx"]) == ["1", "0"]
-    assert kernel.metadata.shared <= 227 * 1024
+def test_gemm2_gluon_compiles_for_sm90_with_one_wgmma_in_flight():
+    """CPU (no GPU needed): the Gluon GEMM 2 builds for sm_90a through ptxas at the served tiles (BM 64 and 128,
+    BN2 128, 4 column tiles, 4 stages), its K loop waits for at most one outstanding wgmma (PTX
+    `wgmma.wait_group 1`; only the drain after the loop waits for 0), and its shared memory fits an H100 / H200 SM
+    (227 KiB per block). In a fresh process: this one has run kernels under the interpreter, which leaves Triton's
+    language patched for compiling. The numerics are checked on the GPU (`test_gemm2_gluon_equals_triton_aligned_rows`)."""
+    code = ("import json, re\n"
+            "from ladle.kernels.fused_moe_fp8 import compile_gemm2_gluon_sm90\n"
+            "out = {}\n"
+            "for bm in (64, 128):\n"
+            "    k = compile_gemm2_gluon_sm90(bm, 128, 4, 4)\n"
+            "    out[bm] = [re.findall(r'wgmma\\.wait_group\\.sync\\.aligned\\s+(\\d+)', k.asm['ptx']), k.metadata.shared]\n"
+            "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for waits, shared in json.loads(done.stdout.strip().splitlines()[-1]).values():
+        assert waits == ["1", "0"] and shared <= 227 * 1024

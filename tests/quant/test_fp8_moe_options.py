@@ -17,7 +17,7 @@ import torch
 
 from ladle.kernels import fused_moe_fp8 as moe8
 from ladle.kernels._common import MAX_TOKENS
-from ladle.kernels.fp8_quant import act_quant_ref, quantize_fp8_rows, quantize_mxfp8
+from ladle.kernels.fp8_quant import quantize_fp8_rows, quantize_mxfp8
 from ladle.kernels.fused_moe import MoETileConfig
 from ladle.kernels.fused_moe_fp8 import Fp8MoEOptions, fused_moe_fp8_ref, fused_moe_fp8_triton, select_options
 from ladle.kernels.moe_router import moe_router_triton
@@ -218,37 +218,23 @@ def test_gemm2_aligned_refusals():
 
 
 def test_gluon_refusals():
-    """The Gluon GEMMs write aligned rows (GEMM 2) and run gate + up as one block-scaled dot (GEMM 1): other
-    combinations are refused, not ignored."""
+    """The Gluon GEMM 2 writes aligned rows: without them it is refused, not ignored."""
     with pytest.raises(ValueError, match="gemm2_gluon writes aligned rows"):
         Fp8MoEOptions(block_scales=True, gemm2_gluon=True)
-    with pytest.raises(ValueError, match="gemm1_gluon runs gate and up as one dot"):
-        Fp8MoEOptions(gu_dot=True, gemm1_gluon=True)
 
 
 def test_gluon_options_off_sm90_run_the_triton_loops_and_say_so():
-    """On the CPU (interpreter) the Gluon options are configured but not eligible: the dispatch record says why, and
-    the Triton loops compute the rows, bitwise what the same options without Gluon give."""
+    """On the CPU (interpreter) the Gluon option is configured but not eligible: the dispatch record says why, and
+    the Triton loop computes the rows, bitwise what the same options without Gluon give."""
     x, tabs, ids, wts = _case(17, 128, 128, 3, 2, quantize_fp8_rows, seed=4)
     cfg = MoETileConfig(16, 32, 64, 128, 4, 2)
     plain = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=2, gemm2_aligned=True)
-    gluon = dataclasses.replace(plain, gemm2_gluon=True, gemm1_gluon=True)
+    gluon = dataclasses.replace(plain, gemm2_gluon=True)
     dispatch.reset()
     out = fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=gluon, block_uniform=True)
     assert torch.equal(out, fused_moe_fp8_triton(x, *tabs, ids, wts, config=cfg, options=plain, block_uniform=True))
     ops = dispatch.snapshot()["ops"]
-    for op in (moe8.GLUON1_OP, moe8.GLUON_OP):
-        assert [(b["configured"], b["eligible"], b["executed"]) for b in ops[op]["buckets"].values()] == [(1, 0, 0)]
-        assert list(ops[op]["fallback_reasons"]) == ["not a cuda device (gluon does not run under the interpreter)"]
+    buckets, reasons = ops[moe8.GLUON_OP]["buckets"].values(), ops[moe8.GLUON_OP]["fallback_reasons"]
+    assert [(b["configured"], b["eligible"], b["executed"]) for b in buckets] == [(1, 0, 0)]
+    assert list(reasons) == ["not a cuda device (gluon does not run under the interpreter)"]
 
-
-def test_gather_rows_copies_each_aligned_rows_token():
-    """`gather_rows`: row p of the copy is token sorted_ids[p] // k of the quantized activations and its scales;
-    padding rows (sentinel T*k) copy token T-1."""
-    x, tabs, ids, wts = _case(11, 128, 128, 3, 2, quantize_fp8_rows, seed=5)
-    plan = moe8.fp8_moe_plan(x, *tabs, ids, wts, MoETileConfig(16, 32, 64, 128, 4, 2))
-    a_q, a_s = act_quant_ref(x)
-    rows, scales = moe8.gather_rows(a_q, a_s, plan.sorted_ids, plan.k)
-    for p, slot in enumerate(plan.sorted_ids.tolist()):
-        tok = min(slot // plan.k, x.shape[0] - 1)
-        assert torch.equal(rows[p].view(torch.uint8), a_q[tok].view(torch.uint8)) and torch.equal(scales[p], a_s[tok])
