@@ -4,6 +4,9 @@ needed (Triton's own ptxas; `ptxas -v` reports registers and spills). A script, 
 
     PYTHONPATH=. python3 benchmarks/fp8_moe_sm90_resources.py      # CPU, about 1-2 min (about 15 kernels)
 
+The Gluon GEMM 2 rows (Fp8MoEOptions.gemm2_gluon) compile through `compile_gemm2_gluon_sm90` (4 warps per 64 rows,
+whatever the tile's num_warps).
+
 Arguments are specialized as the JIT launcher does on the GPU for one TP4 rank of MiniMax-M3 (H 6144, I 768, 5 slots
 per token; GEMM 2 writes bf16 slot rows, as at prefill since round 10): pointers 16-byte aligned, integers typed and
 marked divisible by 16 from their values. CTAs per SM = min(65536 registers / (threads x registers), 232448 bytes /
@@ -83,14 +86,19 @@ def main():
                              {"N_TILES": opt.gemm2_n_tiles, "ALIGNED": opt.gemm2_aligned,
                               "EVEN_N": H % (bn * opt.gemm2_n_tiles) == 0}))
             fn = moe8._fp8_gemm1_kernel if which == 1 else moe8._fp8_gemm2_kernel
-            tile = f"{bm},{bn},w{cfg.num_warps},s{cfg.num_stages}"
+            gluon = which == 2 and opt.gemm2_gluon  # the Gluon GEMM 2: 4 warps per 64 rows
+            warps = bm // 16 if gluon else cfg.num_warps
+            tile = f"{bm},{bn},w{warps},s{cfg.num_stages}" + (" gluon" if gluon else "")
             try:
-                k = compile_sm90(fn, VALUES[which], consts, cfg.num_warps, cfg.num_stages, opt.max_regs)
+                if gluon:
+                    k = moe8.compile_gemm2_gluon_sm90(bm, bn, opt.gemm2_n_tiles, cfg.num_stages)
+                else:
+                    k = compile_sm90(fn, VALUES[which], consts, cfg.num_warps, cfg.num_stages, opt.max_regs)
                 regs, spill = ptxas_usage(k)
                 smem = k.metadata.shared
-                ctas = min(65536 // (cfg.num_warps * 32 * regs), 232448 // (smem + 1024))
+                ctas = min(65536 // (warps * 32 * regs), 232448 // (smem + 1024))
                 print(f"{name:<20} gemm{which:<2} {tile:<20} {regs:>5} {spill:>8} {smem:>8} {ctas:>8} "
-                      f"{ctas * cfg.num_warps:>9}", flush=True)
+                      f"{ctas * warps:>9}", flush=True)
             except Exception as exc:  # noqa: BLE001 - one failing kernel must not hide the others
                 print(f"{name:<20} gemm{which:<2} {tile:<20} failed: {type(exc).__name__}: {str(exc)[:200]}")
     return 0

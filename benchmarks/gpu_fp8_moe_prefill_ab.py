@@ -60,9 +60,10 @@ from benchmarks.gpu_quant_suite import Shapes, moe_inputs, per_expert  # noqa: E
 from ladle.kernels.fp8_quant import act_quant, quantize_fp8_rows, quantize_mxfp8  # noqa: E402
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, select_config,  # noqa: E402
                                      slot_dtype_for)
+from ladle.kernels.fused_moe_fp8 import (GLUON_OP, Fp8MoEOptions, fp8_moe_combine, fp8_moe_gemm1,  # noqa: E402
+                                         fp8_moe_gemm2, fp8_moe_plan, fused_moe_fp8_ref, fused_moe_fp8_triton,
+                                         select_options)
 from ladle.observe import dispatch  # noqa: E402
-from ladle.kernels.fused_moe_fp8 import (GLUON_OP, Fp8MoEOptions, fp8_moe_combine, fp8_moe_gemm1, fp8_moe_gemm2,  # noqa: E402
-                                         fp8_moe_plan, fused_moe_fp8_ref, fused_moe_fp8_triton, select_options)
 
 SMOKE = Shapes(hid=256, i=128, e=8, k_routed=2, device="cpu")  # I = 128: the block-scale rows run too
 T3 = MoETileConfig(64, 64, 128, 64, 4, 3)  # today's prefill tile at 3 stages: the smem of 3 CTAs per SM
@@ -317,8 +318,8 @@ def main(argv=None):
     slot_pairs(rows)
     for row in rows:
         if "gluon_vs_triton_max_rel" in row:
-            print(f"gluon {row['variant']} M={row['M']}: GEMM 2 rows against the Triton loop's, max |diff| / max |rows| "
-                  f"{row['gluon_vs_triton_max_rel']:.2e}; gluon launches recorded so far {row['gluon_executed']}")
+            print(f"gluon {row['variant']} M={row['M']}: GEMM 2 rows against the Triton loop's, max |diff| / max "
+                  f"|rows| {row['gluon_vs_triton_max_rel']:.2e}; gluon launches recorded so far {row['gluon_executed']}")
     return 1 if any("error" in r and not r["error"].startswith("skipped") for r in rows) else 0
 
 

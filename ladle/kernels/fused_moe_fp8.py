@@ -40,6 +40,13 @@ change how much work each such step carries and how many CTAs share an SM to hid
             us at M = 8192 and 4,195 -> ~3,950 at 32768 (round 12's run on another machine), so occupancy was not
             what holds it at about half of GEMM 1's rate (results/round14/README.md).
 EVEN_K (K a multiple of BK * k_unroll, true for M3) drops the K masks of the loads.
+Gluon GEMM 2 (gemm2_gluon, `_gemm2_aligned_gluon`, sm_90 only): Gluon (triton.experimental.gluon, Triton's
+explicit-layout dialect) exposes the wgmma wait count, so its K loop keeps one wgmma in flight while the previous
+K step is promoted, and its operands come by TMA into a ring of shared-memory slots (no per-step address
+arithmetic: the cost that held the Triton GEMM 2 at about half of GEMM 1's rate, results/round15/README.md). Its
+rows are bitwise the Triton aligned loop's on the H200 (round 16); that loop runs wherever Gluon cannot (the CPU
+interpreter, other GPUs; with the 128-row tile it spills there). A Gluon GEMM 1 of the same structure ran no faster
+than the Triton GEMM 1 (round 16, call 2) and is not kept.
 The reference `fused_moe_fp8_ref` dequantizes both operands at the same points (x and the intermediate quantized
 by `act_quant_ref`) and runs the per-expert math of `fused_moe_ref`, so it differs from the kernel only by
 summation order (and by the intermediate's rounding to x.dtype).
@@ -572,11 +579,11 @@ def _nvmma(block: list, dtype):
 
 
 def compile_gemm2_gluon_sm90(bm: int, bn2: int, n_tiles: int, stages: int, out_dtype: torch.dtype = torch.bfloat16):
-    """Compile `_gemm2_aligned_gluon` for sm_90a without a GPU (Triton's ptxas; works with TRITON_INTERPRET=1 set,
-    but not in a process where a kernel has already run under the interpreter, which leaves Triton's language
-    patched: the CPU test compiles in a fresh subprocess): the CPU tests' check that the kernel builds and keeps one wgmma in flight, and benchmarks/
-    fp8_moe_sm90_resources.py's register / shared-memory table. Returns Triton's compiled kernel (asm["ptx"],
-    metadata.shared)."""
+    """Compile `_gemm2_aligned_gluon` for sm_90a without a GPU (Triton's ptxas): the CPU test's check that the
+    kernel builds and keeps one wgmma in flight, and benchmarks/fp8_moe_sm90_resources.py's register / shared-memory
+    table. Works with TRITON_INTERPRET=1 set, but not in a process where a kernel has already run under the
+    interpreter (that leaves Triton's language patched), so the CPU test compiles in a fresh subprocess. Returns
+    Triton's compiled kernel (asm["ptx"], metadata.shared)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
