@@ -73,9 +73,11 @@ GU_BLOCK = Fp8MoEOptions(gu_dot=True, block_scales=True)
 # order the time budget keeps them
 
 
-def GLUON(n_tiles):  # noqa: N802 - reads as the table's other option constants
-    """Served "fp8_block" options with GEMM 2's aligned rows from the Gluon kernel over n_tiles column tiles."""
-    return Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=n_tiles, gemm2_aligned=True, gemm2_gluon=True)
+def GLUON(n_tiles, block_m=None):  # noqa: N802 - reads as the table's other option constants
+    """Served "fp8_block" options with GEMM 2's aligned rows from the Gluon kernel over n_tiles column tiles
+    (block_m: its row tile under a taller plan)."""
+    return Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=n_tiles, gemm2_aligned=True, gemm2_gluon=True,
+                         gemm2_block_m=block_m)
 
 
 ROUND3 = Fp8MoEOptions()  # the round-3 loop (two dots per K step, per-column scales): the A/B's baseline
@@ -128,6 +130,9 @@ PREFILL = (
     ("gu block bm128 w8 s4 g2n4 gluon", MoETileConfig(128, 64, 128, 64, 8, 4), GLUON(4)),
     ("gu block bm128 w8 s3 g2n4 gluon", MoETileConfig(128, 64, 128, 64, 8, 3), GLUON(4)),
     # (round 16 call 2 also ran a Gluon GEMM 1, "gluon both ...": no faster, not in the tree; commit 8842ee4)
+    # the Gluon GEMM 2 at 64-row tiles under the 128-row plan (GEMM 1 keeps BM 128)
+    ("gu block bm128 w8 s4 g2n4 gluon g2bm64", MoETileConfig(128, 64, 128, 64, 8, 4), GLUON(4, 64)),
+    ("gu block bm128 w8 s3 g2n4 gluon g2bm64", MoETileConfig(128, 64, 128, 64, 8, 3), GLUON(4, 64)),
 )
 MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
 MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
@@ -178,7 +183,8 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
            "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
                       f"block={int(options.block_scales)}" + _slots_label(slot, xs[0].dtype, m)
                       + (f" n2={options.gemm2_n_tiles}" if options.gemm2_n_tiles > 1 else "")
-                      + (" aligned" if options.gemm2_aligned else "") + (" gluon" if options.gemm2_gluon else "")}
+                      + (" aligned" if options.gemm2_aligned else "") + (" gluon" if options.gemm2_gluon else "")
+                      + (f" g2bm{options.gemm2_block_m}" if options.gemm2_block_m else "")}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt, slot_dtype=slot)

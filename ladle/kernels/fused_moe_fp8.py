@@ -104,6 +104,8 @@ class Fp8MoEOptions:
     gemm2_gluon (with gemm2_aligned): on an sm_90 GPU those aligned rows come from the Gluon kernel
     `_gemm2_aligned_gluon` (TMA operand ring, one wgmma in flight during the promotion; op GLUON_OP records
     configured / eligible / executed); elsewhere (CPU interpreter, other GPUs) from the Triton loop, the same math.
+    gemm2_block_m (with gemm2_gluon): the Gluon GEMM 2's row tile when smaller than the plan's (64 under the
+    128-row plan: each plan tile is two of its tiles of the same expert; None: the plan's).
     (A Gluon GEMM 1 of the same structure, on activations gathered into aligned rows, ran no faster than the Triton
     GEMM 1 in round 16's call 2 and is not in the tree: commit 8842ee4, results/round16/README.md.)"""
 
@@ -114,6 +116,7 @@ class Fp8MoEOptions:
     gemm2_n_tiles: int = 1
     gemm2_aligned: bool = False
     gemm2_gluon: bool = False
+    gemm2_block_m: Optional[int] = None
 
     def __post_init__(self):
         if self.k_unroll not in (1, 2):
@@ -128,6 +131,9 @@ class Fp8MoEOptions:
         if self.gemm2_gluon and not self.gemm2_aligned:
             raise ValueError("gemm2_gluon writes aligned rows: it needs gemm2_aligned=True; ladle offers "
                              "gemm2_gluon=False otherwise")
+        if self.gemm2_block_m is not None and (not self.gemm2_gluon or self.gemm2_block_m not in (64, 128)):
+            raise ValueError(f"gemm2_block_m {self.gemm2_block_m} with gemm2_gluon={self.gemm2_gluon}: ladle offers "
+                             "64 or 128 rows for the Gluon GEMM 2 (gemm2_gluon=True), else None")
         if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 
@@ -379,7 +385,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _gemm2_aligned_gluon(a_desc, b_desc, out_desc, as_ptr, ws_ptr, expert_ptr, npp_ptr, N, num_kb, num_akb,
-                             stride_wse, N_TILES: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                             stride_wse, N_TILES: gl.constexpr, STAGES: gl.constexpr, TILE_DIV: gl.constexpr,
+                             num_warps: gl.constexpr):
         """GEMM 2 into aligned rows on sm_90 (Fp8MoEOptions.gemm2_gluon): the math of `_gemm2_aligned_rows`, with
         the operands brought by TMA into a ring of STAGES shared-memory slots and one wgmma kept in flight while the
         previous K step is promoted. Program (row tile of BM aligned rows, N_TILES consecutive BN-wide column tiles,
@@ -392,7 +399,8 @@ if HAS_GLUON:
         retires wgmma j-1, whose tile is promoted acc += part * (a_s[:, None] * w_s) on the CUDA cores while wgmma
         j runs; slot (j-1) % STAGES is then free (with 8 warps after a CTA barrier: a warpgroup's wait covers only
         its own wgmma) and TMA brings step j-1+STAGES into it. A finished column tile
-        goes out through shared memory by a TMA store that overlaps the next tile's steps."""
+        goes out through shared memory by a TMA store that overlaps the next tile's steps. TILE_DIV: the plan's
+        row tiles are TILE_DIV of these BM-row tiles (Fp8MoEOptions.gemm2_block_m), each of the plan tile's expert."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -403,7 +411,7 @@ if HAS_GLUON:
         pid_m = pid // num_n
         n0 = (pid % num_n) * (BN * N_TILES)
         if pid_m * BM < gl.load(npp_ptr):
-            e = gl.load(expert_ptr + pid_m)
+            e = gl.load(expert_ptr + pid_m // TILE_DIV)
             m0 = pid_m * BM
             b_row0 = e * N + n0
             a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
@@ -596,7 +604,7 @@ def compile_gemm2_gluon_sm90(bm: int, bn2: int, n_tiles: int, stages: int, out_d
     f32, i32 = torch.empty(1), torch.empty(1, dtype=torch.int32)
     fn = _gemm2_aligned_gluon
     sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, (a, b, o, f32, f32, i32, i32, 1, 1, 1, 1))}
-    consts = {"N_TILES": n_tiles, "STAGES": stages, "num_warps": bm // 16}
+    consts = {"N_TILES": n_tiles, "STAGES": stages, "TILE_DIV": 1, "num_warps": bm // 16}
     sig.update({name: "constexpr" for name in consts})
     return triton.compile(GluonASTSource(fn, sig, consts, {}), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": bm // 16})
@@ -613,16 +621,17 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
     (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k, slots_dt), (H, I) = plan, (w2.shape[1], w2.shape[2])
     bm, P = cfg.block_m, sorted_ids.numel()
     out = torch.empty((P if opt.gemm2_aligned else T * k, H), dtype=slots_dt, device=i_q.device)
-    n_cols = bn2 * opt.gemm2_n_tiles
+    n_cols, gbm = bn2 * opt.gemm2_n_tiles, opt.gemm2_block_m or bm
+    why_not = gluon_reason(i_q, gbm, g, I % 128 or H % n_cols or bm % gbm,
+                           f"I {I}, H {H}, {n_cols} columns, plan BM {bm}") if opt.gemm2_gluon else None
     if opt.gemm2_gluon and dispatch.decide(GLUON_OP, dispatch.tokens_bucket(T), configured=True,
-                                           ineligible_reason=gluon_reason(i_q, bm, g, I % 128 or H % n_cols,
-                                                                          f"I {I}, H {H}, {n_cols} columns")):
-        a_desc = TensorDescriptor.from_tensor(i_q, [bm, g], _nvmma([bm, g], gl.float8e4nv))
+                                           ineligible_reason=why_not):
+        a_desc = TensorDescriptor.from_tensor(i_q, [gbm, g], _nvmma([gbm, g], gl.float8e4nv))
         b_desc = TensorDescriptor.from_tensor(w2.view(-1, I), [bn2, g], _nvmma([bn2, g], gl.float8e4nv))
-        o_desc = TensorDescriptor.from_tensor(out, [bm, bn2], _nvmma([bm, bn2], _GL_DTYPES[slots_dt]))
-        _gemm2_aligned_gluon[((P // bm) * (H // (bn2 * opt.gemm2_n_tiles)),)](
+        o_desc = TensorDescriptor.from_tensor(out, [gbm, bn2], _nvmma([gbm, bn2], _GL_DTYPES[slots_dt]))
+        _gemm2_aligned_gluon[((P // gbm) * (H // n_cols),)](
             a_desc, b_desc, o_desc, i_s, w2_scale, expert_ids, npp, H, I // g, i_s.shape[1], w2_scale.stride(0),
-            N_TILES=opt.gemm2_n_tiles, STAGES=cfg.num_stages, num_warps=bm // 16)
+            N_TILES=opt.gemm2_n_tiles, STAGES=cfg.num_stages, TILE_DIV=bm // gbm, num_warps=gbm // 16)
         return out
     _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2 * opt.gemm2_n_tiles),)](
         i_q, i_s, w2, w2_scale, out, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,

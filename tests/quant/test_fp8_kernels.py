@@ -210,13 +210,13 @@ def test_fused_moe_fp8_gpu_real_shapes(T, block):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bm", [64, 128])
+@pytest.mark.parametrize("bm,sub", [(64, None), (128, None), (128, 64)])
 @pytest.mark.parametrize("T", [2048, 9000])
-def test_gemm2_gluon_equals_triton_aligned_rows(T, bm):
+def test_gemm2_gluon_equals_triton_aligned_rows(T, bm, sub):
     """The Gluon GEMM 2 (`_gemm2_aligned_gluon`) against the Triton loop's aligned rows and the float64 GEMM 2 of
     the same quantized operands, at a TP4 rank of M3 (H 6144, I_r 768, 128 routed + shared, top-4 + shared), BM 64
-    (4 warps) and 128 (8 warps), 4 column tiles, 4 stages; the launch shows in its dispatch op; the op through it
-    against its reference."""
+    (4 warps) and 128 (8 warps), and 64-row tiles under the 128-row plan (sub, gemm2_block_m), 4 column tiles, 4
+    stages; the launch shows in its dispatch op; the op through it against its reference."""
     H, I, E = 6144, 768, 128
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     ids, wts = moe_router_triton(x, torch.randn(E, H, device="cuda"), torch.zeros(E, device="cuda"), 4, 2.0,
@@ -224,14 +224,15 @@ def test_gemm2_gluon_equals_triton_aligned_rows(T, bm):
     w13_q, w13_s = quantize_fp8_rows(torch.randn(E + 1, 2 * I, H, device="cuda") / H ** 0.5)
     w2_q, w2_s = quantize_fp8_rows(torch.randn(E + 1, H, I, device="cuda") / I ** 0.5)
     cfg = MoETileConfig(bm, 64, 128, 64, 8, 4)
-    gluon = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True, gemm2_gluon=True)
+    gluon = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True, gemm2_gluon=True,
+                          gemm2_block_m=sub)
     plan = fp8_moe_plan(x, w13_q, w13_s, w2_q, w2_s, ids, wts, cfg, gluon, block_uniform=True)
     i_q, i_s = act_quant_triton(torch.randn(plan.sorted_ids.numel(), I, device="cuda", dtype=torch.bfloat16))
     dispatch.reset()
     got = fp8_moe_gemm2(plan, i_q, i_s, w2_q, w2_s, wts).float()
     assert sum(b["executed"] for b in dispatch.snapshot()["ops"][GLUON_OP]["buckets"].values()) == 1
-    triton_rows = fp8_moe_gemm2(plan._replace(opt=dataclasses.replace(gluon, gemm2_gluon=False)), i_q, i_s, w2_q,
-                                w2_s, wts).float()
+    triton_rows = fp8_moe_gemm2(plan._replace(opt=dataclasses.replace(gluon, gemm2_gluon=False, gemm2_block_m=None)),
+                                i_q, i_s, w2_q, w2_s, wts).float()
     n = int(plan.npp.item())
     a = dequant_block_fp8(i_q[:n], i_s[:n], torch.float64)
     e = plan.expert_ids.long().repeat_interleave(bm)[:n]
@@ -250,13 +251,15 @@ def test_gemm2_gluon_compiles_for_sm90_with_one_wgmma_in_flight():
     BN2 128, 4 column tiles, 4 stages), its K loop waits for at most one outstanding wgmma (PTX
     `wgmma.wait_group 1`; only the drain after the loop waits for 0), and its shared memory fits an H100 / H200 SM
     (227 KiB per block). In a fresh process: this one has run kernels under the interpreter, which leaves Triton's
-    language patched for compiling. The numerics are checked on the GPU (`test_gemm2_gluon_equals_triton_aligned_rows`)."""
+    language patched for compiling. The numerics are checked on the GPU
+    (`test_gemm2_gluon_equals_triton_aligned_rows`)."""
     code = ("import json, re\n"
             "from ladle.kernels.fused_moe_fp8 import compile_gemm2_gluon_sm90\n"
             "out = {}\n"
             "for bm in (64, 128):\n"
             "    k = compile_gemm2_gluon_sm90(bm, 128, 4, 4)\n"
-            "    out[bm] = [re.findall(r'wgmma\\.wait_group\\.sync\\.aligned\\s+(\\d+)', k.asm['ptx']), k.metadata.shared]\n"
+            "    waits = re.findall(r'wgmma\\.wait_group\\.sync\\.aligned\\s+(\\d+)', k.asm['ptx'])\n"
+            "    out[bm] = [waits, k.metadata.shared]\n"
             "print(json.dumps(out))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
