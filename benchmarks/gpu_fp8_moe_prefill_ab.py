@@ -206,7 +206,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
             comb.append(functools.partial(fp8_moe_combine, plan, g2[-1](), wts, x.dtype))
         row["us_g1"], row["us_g2"], row["us_comb"] = graph_us(g1), graph_us(g2), graph_us(comb)
         if options.gemm2_gluon:  # the Gluon rows against the Triton loop's aligned rows on the same plan and inputs
-            p = plan._replace(opt=dataclasses.replace(options, gemm2_gluon=False))
+            p = plan._replace(opt=dataclasses.replace(options, gemm2_gluon=False, gemm2_block_m=None))
             got, want = g2[-1]().float(), fp8_moe_gemm2(p, i_q, i_s, tabs[2], tabs[3], wts).float()
             n = int(plan.npp.item())
             row["gluon_vs_triton_max_rel"] = float(((got[:n] - want[:n]).abs().max() / want[:n].abs().max()))
