@@ -105,9 +105,9 @@ def test_the_options_table_row_is_what_the_launcher_runs(monkeypatch):
     edited row reaches both GEMMs of a launch."""
     assert all(select_options(m, "fp8") == Fp8MoEOptions(gu_dot=True) for m in (1, 256, 257, 8192))
     assert select_options(256, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True)
-    gluon = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True, gemm2_gluon=True)
-    assert select_options(257, "fp8_block") == select_options(8192, "fp8_block") == gluon
-    assert select_options(8193, "fp8_block") == dataclasses.replace(gluon, gemm2_block_m=64)  # under the 128-row plan
+    assert select_options(257, "fp8_block") == select_options(8192, "fp8_block") == select_options(
+        32768, "fp8_block") == Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True,
+                                             gemm2_gluon=True)
     assert select_options(32, "mxfp8") == Fp8MoEOptions()
     edited = Fp8MoEOptions(gu_dot=True, k_unroll=2)
     monkeypatch.setitem(moe8.FP8_MOE_OPTIONS, "fp8", ((16, Fp8MoEOptions()), (MAX_TOKENS, edited)))
