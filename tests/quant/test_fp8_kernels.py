@@ -192,6 +192,18 @@ def test_fp8_gemm_gpu_real_shapes(m, quantize):
         assert _rel(fp8_gemm_triton(a_q, a_s, w_q, w_s, torch.bfloat16), ref) < 1e-2
 
 
+def _m3_rank_case(T: int):
+    """A TP4 rank of M3 on the GPU: x [T, 6144] bf16, routes (top-4 + shared column over 128 routed experts + the
+    shared row) and the block-FP8 expert tables (w13_q, w13_s, w2_q, w2_s) at I_r 768."""
+    H, I, E = 6144, 768, 128
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    ids, wts = moe_router_triton(x, torch.randn(E, H, device="cuda"), torch.zeros(E, device="cuda"), 4, 2.0,
+                                 shared_expert=True)
+    w13_q, w13_s = quantize_fp8_rows(torch.randn(E + 1, 2 * I, H, device="cuda") / H ** 0.5)
+    w2_q, w2_s = quantize_fp8_rows(torch.randn(E + 1, H, I, device="cuda") / I ** 0.5)
+    return x, ids, wts, (w13_q, w13_s, w2_q, w2_s)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block", [False, True], ids=["rows", "block"])
 @pytest.mark.parametrize("T", [1, 32, 2048, 9000])
@@ -199,12 +211,7 @@ def test_fused_moe_fp8_gpu_real_shapes(T, block):
     """TP4 rank of M3: H 6144, I_r 768, 128 routed experts + the shared row, top-4 + shared column; block: the
     block-uniform scales' "fp8_block" rows (at 2048 tokens GEMM 2 into aligned rows, at 9000 the 128-row tile:
     `FP8_MOE_OPTIONS`, MOE_TILES)."""
-    H, I, E = 6144, 768, 128
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-    ids, wts = moe_router_triton(x, torch.randn(E, H, device="cuda"), torch.zeros(E, device="cuda"), 4, 2.0,
-                                 shared_expert=True)
-    w13_q, w13_s = quantize_fp8_rows(torch.randn(E + 1, 2 * I, H, device="cuda") / H ** 0.5)
-    w2_q, w2_s = quantize_fp8_rows(torch.randn(E + 1, H, I, device="cuda") / I ** 0.5)
+    x, ids, wts, (w13_q, w13_s, w2_q, w2_s) = _m3_rank_case(T)
     out = fused_moe_fp8_triton(x, w13_q, w13_s, w2_q, w2_s, ids, wts, block_uniform=block)
     assert _rel(out, fused_moe_fp8_ref(x, w13_q, w13_s, w2_q, w2_s, ids, wts)) < 2e-2
 
@@ -217,12 +224,8 @@ def test_gemm2_gluon_equals_triton_aligned_rows(T, bm, sub):
     the same quantized operands, at a TP4 rank of M3 (H 6144, I_r 768, 128 routed + shared, top-4 + shared), BM 64
     (4 warps) and 128 (8 warps), and 64-row tiles under the 128-row plan (sub, gemm2_block_m), 4 column tiles, 4
     stages; the launch shows in its dispatch op; the op through it against its reference."""
-    H, I, E = 6144, 768, 128
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-    ids, wts = moe_router_triton(x, torch.randn(E, H, device="cuda"), torch.zeros(E, device="cuda"), 4, 2.0,
-                                 shared_expert=True)
-    w13_q, w13_s = quantize_fp8_rows(torch.randn(E + 1, 2 * I, H, device="cuda") / H ** 0.5)
-    w2_q, w2_s = quantize_fp8_rows(torch.randn(E + 1, H, I, device="cuda") / I ** 0.5)
+    H, I = 6144, 768
+    x, ids, wts, (w13_q, w13_s, w2_q, w2_s) = _m3_rank_case(T)
     cfg = MoETileConfig(bm, 64, 128, 64, 8, 4)
     gluon = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=4, gemm2_aligned=True, gemm2_gluon=True,
                           gemm2_block_m=sub)
