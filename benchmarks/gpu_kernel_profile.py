@@ -17,6 +17,7 @@ import torch
 # dense decode's `_decode_merge_kernel` contains "_merge_kernel")
 LADLE_KERNELS = {
     "fused_moe (ladle)": ("_gemm1_kernel", "_gemm2_kernel", "_fp8_gemm1_kernel", "_fp8_gemm2_kernel",
+                          "_fp8_gemm2_gluon_kernel",
                           "_mxfp4_gemm1_kernel", "_mxfp4_gemm2_kernel", "_decode_gemm1_kernel", "_decode_gemm2_kernel",
                           "_moe_align_single_kernel", "_moe_align_count_kernel", "_moe_align_scatter_kernel",
                           "_router_logits_kernel", "_router_topk_kernel", "_router_small_t_kernel",

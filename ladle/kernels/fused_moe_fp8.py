@@ -40,7 +40,7 @@ change how much work each such step carries and how many CTAs share an SM to hid
             us at M = 8192 and 4,195 -> ~3,950 at 32768 (round 12's run on another machine), so occupancy was not
             what holds it at about half of GEMM 1's rate (results/round14/README.md).
 EVEN_K (K a multiple of BK * k_unroll, true for M3) drops the K masks of the loads.
-Gluon GEMM 2 (gemm2_gluon, `_gemm2_aligned_gluon`, sm_90 only): Gluon (triton.experimental.gluon, Triton's
+Gluon GEMM 2 (gemm2_gluon, `_fp8_gemm2_gluon_kernel`, sm_90 only): Gluon (triton.experimental.gluon, Triton's
 explicit-layout dialect) exposes the wgmma wait count, so its K loop keeps one wgmma in flight while the previous
 K step is promoted, and its operands come by TMA into a ring of shared-memory slots (no per-step address
 arithmetic: the cost that held the Triton GEMM 2 at about half of GEMM 1's rate, results/round15/README.md). Its
@@ -102,7 +102,7 @@ class Fp8MoEOptions:
     neither slots nor routed weights, and its K loop offsets one hoisted weight-pointer tile by a scalar;
     `moe_combine` then gathers each slot's row and applies its weight (`aligned_positions`);
     gemm2_gluon (with gemm2_aligned): on an sm_90 GPU those aligned rows come from the Gluon kernel
-    `_gemm2_aligned_gluon` (TMA operand ring, one wgmma in flight during the promotion; op GLUON_OP records
+    `_fp8_gemm2_gluon_kernel` (TMA operand ring, one wgmma in flight during the promotion; op GLUON_OP records
     configured / eligible / executed); elsewhere (CPU interpreter, other GPUs) from the Triton loop, the same math.
     gemm2_block_m (with gemm2_gluon): the Gluon GEMM 2's row tile when smaller than the plan's (64 under the
     128-row plan: each plan tile is two of its tiles of the same expert; None: the plan's).
@@ -388,9 +388,9 @@ def _gemm2_slot_rows(
 if HAS_GLUON:
 
     @gluon.jit
-    def _gemm2_aligned_gluon(a_desc, b_desc, out_desc, as_ptr, ws_ptr, expert_ptr, npp_ptr, N, num_kb, num_akb,
-                             stride_wse, N_TILES: gl.constexpr, STAGES: gl.constexpr, TILE_DIV: gl.constexpr,
-                             num_warps: gl.constexpr):
+    def _fp8_gemm2_gluon_kernel(a_desc, b_desc, out_desc, as_ptr, ws_ptr, expert_ptr, npp_ptr, N, num_kb,
+                                num_akb, stride_wse, N_TILES: gl.constexpr, STAGES: gl.constexpr,
+                                TILE_DIV: gl.constexpr, num_warps: gl.constexpr):
         """GEMM 2 into aligned rows on sm_90 (Fp8MoEOptions.gemm2_gluon): the math of `_gemm2_aligned_rows`, with
         the operands brought by TMA into a ring of STAGES shared-memory slots and one wgmma kept in flight while the
         previous K step is promoted. Program (row tile of BM aligned rows, N_TILES consecutive BN-wide column tiles,
@@ -591,7 +591,7 @@ def _nvmma(block: list, dtype):
 
 
 def compile_gemm2_gluon_sm90(bm: int, bn2: int, n_tiles: int, stages: int, out_dtype: torch.dtype = torch.bfloat16):
-    """Compile `_gemm2_aligned_gluon` for sm_90a without a GPU (Triton's ptxas): the CPU test's check that the
+    """Compile `_fp8_gemm2_gluon_kernel` for sm_90a without a GPU (Triton's ptxas): the CPU test's check that the
     kernel builds and keeps one wgmma in flight, and benchmarks/fp8_moe_sm90_resources.py's register / shared-memory
     table. Works with TRITON_INTERPRET=1 set, but not in a process where a kernel has already run under the
     interpreter (that leaves Triton's language patched), so the CPU test compiles in a fresh subprocess. Returns
@@ -606,7 +606,7 @@ def compile_gemm2_gluon_sm90(bm: int, bn2: int, n_tiles: int, stages: int, out_d
     o = TensorDescriptor.from_tensor(torch.empty(bm, bn2, dtype=out_dtype), [bm, bn2],
                                      _nvmma([bm, bn2], _GL_DTYPES[out_dtype]))
     f32, i32 = torch.empty(1), torch.empty(1, dtype=torch.int32)
-    fn = _gemm2_aligned_gluon
+    fn = _fp8_gemm2_gluon_kernel
     sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, (a, b, o, f32, f32, i32, i32, 1, 1, 1, 1))}
     consts = {"N_TILES": n_tiles, "STAGES": stages, "TILE_DIV": 1, "num_warps": bm // 16}
     sig.update({name: "constexpr" for name in consts})
@@ -633,7 +633,7 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
         a_desc = TensorDescriptor.from_tensor(i_q, [gbm, g], _nvmma([gbm, g], gl.float8e4nv))
         b_desc = TensorDescriptor.from_tensor(w2.view(-1, I), [bn2, g], _nvmma([bn2, g], gl.float8e4nv))
         o_desc = TensorDescriptor.from_tensor(out, [gbm, bn2], _nvmma([gbm, bn2], _GL_DTYPES[slots_dt]))
-        _gemm2_aligned_gluon[((P // gbm) * (H // n_cols),)](
+        _fp8_gemm2_gluon_kernel[((P // gbm) * (H // n_cols),)](
             a_desc, b_desc, o_desc, i_s, w2_scale, expert_ids, npp, H, I // g, i_s.shape[1], w2_scale.stride(0),
             N_TILES=opt.gemm2_n_tiles, STAGES=cfg.num_stages, TILE_DIV=bm // gbm, num_warps=gbm // 16)
         return out

@@ -21,6 +21,7 @@ KERNELS_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "ladle", "kern
     ("_moe_align_scatter_kernel", "fused_moe (ladle)"),  # contains "scatter": must not land in torch's group
     ("_fp8_gemm1_kernel", "fused_moe (ladle)"),  # contains "gemm": must not land in cuBLAS/CUTLASS
     ("_mxfp4_gemm2_kernel", "fused_moe (ladle)"),
+    ("_fp8_gemm2_gluon_kernel", "fused_moe (ladle)"),  # the Gluon GEMM 2 (a gluon.jit kernel)
     ("_moe_combine_kernel", "fused_moe (ladle)"),
     ("_fp8_gemm_kernel", "fp8 dense gemm + act quant (ladle)"),
     ("_act_quant_kernel", "fp8 dense gemm + act quant (ladle)"),

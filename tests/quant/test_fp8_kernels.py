@@ -220,7 +220,7 @@ def test_fused_moe_fp8_gpu_real_shapes(T, block):
 @pytest.mark.parametrize("bm,sub", [(64, None), (128, None), (128, 64)])
 @pytest.mark.parametrize("T", [2048, 9000])
 def test_gemm2_gluon_equals_triton_aligned_rows(T, bm, sub):
-    """The Gluon GEMM 2 (`_gemm2_aligned_gluon`) against the Triton loop's aligned rows and the float64 GEMM 2 of
+    """The Gluon GEMM 2 (`_fp8_gemm2_gluon_kernel`) against the Triton loop's aligned rows and the float64 GEMM 2 of
     the same quantized operands, at a TP4 rank of M3 (H 6144, I_r 768, 128 routed + shared, top-4 + shared), BM 64
     (4 warps) and 128 (8 warps), and 64-row tiles under the 128-row plan (sub, gemm2_block_m), 4 column tiles, 4
     stages; the launch shows in its dispatch op; the op through it against its reference."""
