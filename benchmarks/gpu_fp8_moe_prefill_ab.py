@@ -73,11 +73,9 @@ GU_BLOCK = Fp8MoEOptions(gu_dot=True, block_scales=True)
 # order the time budget keeps them
 
 
-def GLUON(n_tiles, block_m=None):  # noqa: N802 - reads as the table's other option constants
-    """Served "fp8_block" options with GEMM 2's aligned rows from the Gluon kernel over n_tiles column tiles
-    (block_m: its row tile under a taller plan)."""
-    return Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=n_tiles, gemm2_aligned=True, gemm2_gluon=True,
-                         gemm2_block_m=block_m)
+def GLUON(n_tiles):  # noqa: N802 - reads as the table's other option constants
+    """Served "fp8_block" options with GEMM 2's aligned rows from the Gluon kernel over n_tiles column tiles."""
+    return Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_n_tiles=n_tiles, gemm2_aligned=True, gemm2_gluon=True)
 
 
 ROUND3 = Fp8MoEOptions()  # the round-3 loop (two dots per K step, per-column scales): the A/B's baseline
@@ -129,10 +127,8 @@ PREFILL = (
     ("gu block w8 s4 g2n2 gluon", MoETileConfig(64, 64, 128, 64, 8, 4), GLUON(2)),
     ("gu block bm128 w8 s4 g2n4 gluon", MoETileConfig(128, 64, 128, 64, 8, 4), GLUON(4)),
     ("gu block bm128 w8 s3 g2n4 gluon", MoETileConfig(128, 64, 128, 64, 8, 3), GLUON(4)),
-    # (round 16 call 2 also ran a Gluon GEMM 1, "gluon both ...": no faster, not in the tree; commit 8842ee4)
-    # the Gluon GEMM 2 at 64-row tiles under the 128-row plan (GEMM 1 keeps BM 128)
-    ("gu block bm128 w8 s4 g2n4 gluon g2bm64", MoETileConfig(128, 64, 128, 64, 8, 4), GLUON(4, 64)),
-    ("gu block bm128 w8 s3 g2n4 gluon g2bm64", MoETileConfig(128, 64, 128, 64, 8, 3), GLUON(4, 64)),
+    # (round 16 also ran, and did not keep: a Gluon GEMM 1, "gluon both ..." in call 2, commit 8842ee4; the Gluon
+    # GEMM 2 at 64-row tiles under the 128-row plan, "... gluon g2bm64" in call 4, commit a1d4b30)
 )
 MX5 = MoETileConfig(64, 64, 128, 64, 4, 5)  # MXFP8's prefill row with BN1 64 (gate+up: a 128-wide dot)
 MXFP8 = (  # --mxfp8, M = 8192 only: E8M0 scales per 32 (block_scales does not apply)
@@ -183,8 +179,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
            "options": f"gu={int(options.gu_dot)} unroll={options.k_unroll} regs={options.max_regs or '-'} "
                       f"block={int(options.block_scales)}" + _slots_label(slot, xs[0].dtype, m)
                       + (f" n2={options.gemm2_n_tiles}" if options.gemm2_n_tiles > 1 else "")
-                      + (" aligned" if options.gemm2_aligned else "") + (" gluon" if options.gemm2_gluon else "")
-                      + (f" g2bm{options.gemm2_block_m}" if options.gemm2_block_m else "")}
+                      + (" aligned" if options.gemm2_aligned else "") + (" gluon" if options.gemm2_gluon else "")}
     t0 = time.time()
     try:
         out = fused_moe_fp8_triton(xs[0], *tabs, *routes[0], config=cfg, options=opt, slot_dtype=slot)
@@ -206,7 +201,7 @@ def run_variant(name, cfg, opt, m, data, tabs, shapes, graph_us, slot=None):
             comb.append(functools.partial(fp8_moe_combine, plan, g2[-1](), wts, x.dtype))
         row["us_g1"], row["us_g2"], row["us_comb"] = graph_us(g1), graph_us(g2), graph_us(comb)
         if options.gemm2_gluon:  # the Gluon rows against the Triton loop's aligned rows on the same plan and inputs
-            p = plan._replace(opt=dataclasses.replace(options, gemm2_gluon=False, gemm2_block_m=None))
+            p = plan._replace(opt=dataclasses.replace(options, gemm2_gluon=False))
             got, want = g2[-1]().float(), fp8_moe_gemm2(p, i_q, i_s, tabs[2], tabs[3], wts).float()
             n = int(plan.npp.item())
             row["gluon_vs_triton_max_rel"] = float(((got[:n] - want[:n]).abs().max() / want[:n].abs().max()))
@@ -325,7 +320,8 @@ def main(argv=None):
     for row in rows:
         if "gluon_vs_triton_max_rel" in row:
             print(f"gluon {row['variant']} M={row['M']}: GEMM 2 rows against the Triton loop's, max |diff| / max "
-                  f"|rows| {row['gluon_vs_triton_max_rel']:.2e}; gluon launches recorded so far {row['gluon_executed']}")
+                  f"|rows| {row['gluon_vs_triton_max_rel']:.2e}; gluon launches recorded so far "
+                  f"{row['gluon_executed']}")
     return 1 if any("error" in r and not r["error"].startswith("skipped") for r in rows) else 0
 
 

@@ -83,7 +83,8 @@ OP = "fused_moe_fp8"
 dispatch.register(OP, "triton", "cuda (or cpu+TRITON_INTERPRET); fp8 e4m3 expert weights + [rows, K/128] fp32 scales")
 GLUON_OP = "fp8_moe_gemm2_gluon"
 dispatch.register(GLUON_OP, "gluon", "Fp8MoEOptions.gemm2_gluon on an sm_90 CUDA device (not the interpreter), "
-                                     "Triton with Gluon, I a multiple of 128, H a multiple of BN2 x column tiles")
+                                     "Triton with Gluon, BM 64 or 128, I a multiple of 128, H a multiple of BN2 x "
+                                     "column tiles")
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,8 @@ class Fp8MoEOptions:
     gemm2_gluon (with gemm2_aligned): on an sm_90 GPU those aligned rows come from the Gluon kernel
     `_fp8_gemm2_gluon_kernel` (TMA operand ring, one wgmma in flight during the promotion; op GLUON_OP records
     configured / eligible / executed); elsewhere (CPU interpreter, other GPUs) from the Triton loop, the same math.
-    gemm2_block_m (with gemm2_gluon): the Gluon GEMM 2's row tile when smaller than the plan's (64 under the
-    128-row plan: each plan tile is two of its tiles of the same expert; None: the plan's).
-    (A Gluon GEMM 1 of the same structure, on activations gathered into aligned rows, ran no faster than the Triton
-    GEMM 1 in round 16's call 2 and is not in the tree: commit 8842ee4, results/round16/README.md.)"""
+    (Round 16 also measured, and did not keep: a Gluon GEMM 1 of the same structure, commit 8842ee4; the Gluon GEMM 2
+    at 64-row tiles under the 128-row plan, commit a1d4b30; results/round16/README.md.)"""
 
     gu_dot: bool = False
     k_unroll: int = 1
@@ -116,7 +115,6 @@ class Fp8MoEOptions:
     gemm2_n_tiles: int = 1
     gemm2_aligned: bool = False
     gemm2_gluon: bool = False
-    gemm2_block_m: Optional[int] = None
 
     def __post_init__(self):
         if self.k_unroll not in (1, 2):
@@ -131,9 +129,6 @@ class Fp8MoEOptions:
         if self.gemm2_gluon and not self.gemm2_aligned:
             raise ValueError("gemm2_gluon writes aligned rows: it needs gemm2_aligned=True; ladle offers "
                              "gemm2_gluon=False otherwise")
-        if self.gemm2_block_m is not None and (not self.gemm2_gluon or self.gemm2_block_m not in (64, 128)):
-            raise ValueError(f"gemm2_block_m {self.gemm2_block_m} with gemm2_gluon={self.gemm2_gluon}: ladle offers "
-                             "64 or 128 rows for the Gluon GEMM 2 (gemm2_gluon=True), else None")
         if self.max_regs is not None and not (64 <= self.max_regs <= 255 and self.max_regs % 8 == 0):
             raise ValueError(f"max_regs {self.max_regs}: ladle offers None or a multiple of 8 in 64 .. 255")
 
@@ -155,11 +150,12 @@ class Fp8MoEOptions:
 # rows bitwise equal to the Triton loop's): the Gluon GEMM 2 (gemm2_gluon) at M = 8192 645.2 against 1,093.0 us
 # (1.69x; the op 2,089.5 against 2,419.4, 1.16x); above 8192 with the 128-row tile 1,331.3 / 2,451.9 against
 # 2,035.0 / 3,707.0 us at M = 16384 / 32768 (the op 1.14x / 1.16x), where the Triton aligned loop would spill: both
-# buckets take it (off sm_90 the Triton aligned loop computes the same rows). Not adopted (call 4,
-# results/round16/call4, one run): under the 128-row plan the Gluon GEMM 2 at 64-row tiles (gemm2_block_m 64) ran
-# GEMM 2 alone at 1,146.0 / 2,213.8 against 1,339.6 / 2,455.4 us at M = 16384 / 32768 (1.17x / 1.11x; rows equal to
-# the Triton loop's in the GPU test), but the op at 3,999.5 / 7,644.8 against 3,938.8 / 7,653.0 us (0.98x / 1.00x;
-# GEMM 1, the same kernel in both rows, moved +74 / +52 us): no gain shown where it counts, and no served run.
+# buckets take it (off sm_90 the Triton aligned loop computes the same rows). Not kept (call 4,
+# results/round16/call4, one run; the option was `gemm2_block_m`, commit a1d4b30): under the 128-row plan the Gluon
+# GEMM 2 at 64-row tiles ran GEMM 2 alone at 1,146.0 / 2,213.8 against 1,339.6 / 2,455.4 us at M = 16384 / 32768
+# (1.17x / 1.11x; rows equal to the Triton loop's in the GPU test), but the op at 3,999.5 / 7,644.8 against 3,938.8 /
+# 7,653.0 us (0.98x / 1.00x; GEMM 1, the same kernel in both rows, moved +74 / +52 us): no gain shown where it
+# counts, and no served run.
 FP8_MOE_OPTIONS: dict[str, tuple[tuple[int, Fp8MoEOptions], ...]] = {
     "fp8": ((MAX_TOKENS, Fp8MoEOptions(gu_dot=True)),),
     "fp8_block": ((256, Fp8MoEOptions(gu_dot=True, block_scales=True)),
@@ -390,7 +386,7 @@ if HAS_GLUON:
     @gluon.jit
     def _fp8_gemm2_gluon_kernel(a_desc, b_desc, out_desc, as_ptr, ws_ptr, expert_ptr, npp_ptr, N, num_kb,
                                 num_akb, stride_wse, N_TILES: gl.constexpr, STAGES: gl.constexpr,
-                                TILE_DIV: gl.constexpr, num_warps: gl.constexpr):
+                                num_warps: gl.constexpr):
         """GEMM 2 into aligned rows on sm_90 (Fp8MoEOptions.gemm2_gluon): the math of `_gemm2_aligned_rows`, with
         the operands brought by TMA into a ring of STAGES shared-memory slots and one wgmma kept in flight while the
         previous K step is promoted. Program (row tile of BM aligned rows, N_TILES consecutive BN-wide column tiles,
@@ -403,8 +399,7 @@ if HAS_GLUON:
         retires wgmma j-1, whose tile is promoted acc += part * (a_s[:, None] * w_s) on the CUDA cores while wgmma
         j runs; slot (j-1) % STAGES is then free (with 8 warps after a CTA barrier: a warpgroup's wait covers only
         its own wgmma) and TMA brings step j-1+STAGES into it. A finished column tile
-        goes out through shared memory by a TMA store that overlaps the next tile's steps. TILE_DIV: the plan's
-        row tiles are TILE_DIV of these BM-row tiles (Fp8MoEOptions.gemm2_block_m), each of the plan tile's expert."""
+        goes out through shared memory by a TMA store that overlaps the next tile's steps."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -415,7 +410,7 @@ if HAS_GLUON:
         pid_m = pid // num_n
         n0 = (pid % num_n) * (BN * N_TILES)
         if pid_m * BM < gl.load(npp_ptr):
-            e = gl.load(expert_ptr + pid_m // TILE_DIV)
+            e = gl.load(expert_ptr + pid_m)
             m0 = pid_m * BM
             b_row0 = e * N + n0
             a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
@@ -570,19 +565,22 @@ def fp8_moe_gemm1(plan: Fp8MoEPlan, a_q: torch.Tensor, a_s: torch.Tensor, w13: t
     return inter
 
 
-def gluon_reason(t: torch.Tensor, bm: int, g: int, bad_shape: int, shape: str) -> Optional[str]:
-    """Why the Gluon GEMM 2 cannot run on t's device (None: it can): it needs Triton with Gluon, an sm_90 CUDA
-    device outside the interpreter, 128-wide K groups, BM 64 or 128 (one warpgroup of 4 warps per 64 rows) and a
-    shape its tiles cover (bad_shape 0; `shape` names it otherwise)."""
+def gluon_gemm2_reason(i_q: torch.Tensor, g: int, bm: int, H: int, I: int, n_cols: int) -> Optional[str]:
+    """Why `_fp8_gemm2_gluon_kernel` cannot run here (None: it can): it needs Triton with Gluon, an sm_90 CUDA device
+    outside the interpreter, 128-wide K groups with I a multiple of them, BM 64 or 128 (one warpgroup of 4 warps per
+    64 rows) and H a multiple of the program's n_cols columns (BN2 x column tiles)."""
     if not HAS_GLUON:
         return "triton without gluon"
-    if t.device.type != "cuda" or interpreting():
+    if i_q.device.type != "cuda" or interpreting():
         return "not a cuda device (gluon does not run under the interpreter)"
-    if torch.cuda.get_device_capability(t.device) != (9, 0):
-        return f"compute capability {torch.cuda.get_device_capability(t.device)} (needs sm_90)"
-    if g != 128 or bm not in (64, 128) or bad_shape:
-        return f"shape: group {g}, BM {bm}, {shape}"
+    if torch.cuda.get_device_capability(i_q.device) != (9, 0):
+        return f"compute capability {torch.cuda.get_device_capability(i_q.device)} (needs sm_90)"
+    if g != 128 or I % 128 or bm not in (64, 128) or H % n_cols:
+        return f"shape: group {g}, I {I}, BM {bm}, H {H} with {n_cols} columns per program"
     return None
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32} if HAS_GLUON else {}
 
 
 def _nvmma(block: list, dtype):
@@ -608,13 +606,10 @@ def compile_gemm2_gluon_sm90(bm: int, bn2: int, n_tiles: int, stages: int, out_d
     f32, i32 = torch.empty(1), torch.empty(1, dtype=torch.int32)
     fn = _fp8_gemm2_gluon_kernel
     sig = {n: mangle_type(v) for n, v in zip(fn.arg_names, (a, b, o, f32, f32, i32, i32, 1, 1, 1, 1))}
-    consts = {"N_TILES": n_tiles, "STAGES": stages, "TILE_DIV": 1, "num_warps": bm // 16}
+    consts = {"N_TILES": n_tiles, "STAGES": stages, "num_warps": bm // 16}
     sig.update({name: "constexpr" for name in consts})
     return triton.compile(GluonASTSource(fn, sig, consts, {}), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": bm // 16})
-
-
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32} if HAS_GLUON else {}
 
 
 def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
@@ -625,17 +620,15 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
     (cfg, opt, _, bn2, g, e8m0, sorted_ids, expert_ids, npp, T, k, slots_dt), (H, I) = plan, (w2.shape[1], w2.shape[2])
     bm, P = cfg.block_m, sorted_ids.numel()
     out = torch.empty((P if opt.gemm2_aligned else T * k, H), dtype=slots_dt, device=i_q.device)
-    n_cols, gbm = bn2 * opt.gemm2_n_tiles, opt.gemm2_block_m or bm
-    why_not = gluon_reason(i_q, gbm, g, I % 128 or H % n_cols or bm % gbm,
-                           f"I {I}, H {H}, {n_cols} columns, plan BM {bm}") if opt.gemm2_gluon else None
+    n_cols = bn2 * opt.gemm2_n_tiles
     if opt.gemm2_gluon and dispatch.decide(GLUON_OP, dispatch.tokens_bucket(T), configured=True,
-                                           ineligible_reason=why_not):
-        a_desc = TensorDescriptor.from_tensor(i_q, [gbm, g], _nvmma([gbm, g], gl.float8e4nv))
+                                           ineligible_reason=gluon_gemm2_reason(i_q, g, bm, H, I, n_cols)):
+        a_desc = TensorDescriptor.from_tensor(i_q, [bm, g], _nvmma([bm, g], gl.float8e4nv))
         b_desc = TensorDescriptor.from_tensor(w2.view(-1, I), [bn2, g], _nvmma([bn2, g], gl.float8e4nv))
-        o_desc = TensorDescriptor.from_tensor(out, [gbm, bn2], _nvmma([gbm, bn2], _GL_DTYPES[slots_dt]))
-        _fp8_gemm2_gluon_kernel[((P // gbm) * (H // n_cols),)](
+        o_desc = TensorDescriptor.from_tensor(out, [bm, bn2], _nvmma([bm, bn2], _GL_DTYPES[slots_dt]))
+        _fp8_gemm2_gluon_kernel[((P // bm) * (H // n_cols),)](
             a_desc, b_desc, o_desc, i_s, w2_scale, expert_ids, npp, H, I // g, i_s.shape[1], w2_scale.stride(0),
-            N_TILES=opt.gemm2_n_tiles, STAGES=cfg.num_stages, TILE_DIV=bm // gbm, num_warps=gbm // 16)
+            N_TILES=opt.gemm2_n_tiles, STAGES=cfg.num_stages, num_warps=bm // 16)
         return out
     _fp8_gemm2_kernel[((P // bm) * triton.cdiv(H, bn2 * opt.gemm2_n_tiles),)](
         i_q, i_s, w2, w2_scale, out, sorted_ids, expert_ids, npp, topk_weights.contiguous(), T * k, H, I,

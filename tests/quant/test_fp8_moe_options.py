@@ -218,15 +218,9 @@ def test_gemm2_aligned_refusals():
 
 
 def test_gluon_refusals():
-    """The Gluon GEMM 2 writes aligned rows: without them it is refused, not ignored; its own row tile
-    (gemm2_block_m) exists only for it, at 64 or 128 rows."""
+    """The Gluon GEMM 2 writes aligned rows: without them it is refused, not ignored."""
     with pytest.raises(ValueError, match="gemm2_gluon writes aligned rows"):
         Fp8MoEOptions(block_scales=True, gemm2_gluon=True)
-    gluon = dict(block_scales=True, gemm2_aligned=True)
-    with pytest.raises(ValueError, match="ladle offers 64 or 128 rows"):
-        Fp8MoEOptions(**gluon, gemm2_block_m=64)
-    with pytest.raises(ValueError, match="ladle offers 64 or 128 rows"):
-        Fp8MoEOptions(**gluon, gemm2_gluon=True, gemm2_block_m=32)
 
 
 def test_gluon_options_off_sm90_run_the_triton_loops_and_say_so():
