@@ -24,6 +24,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Callable, Optional
 
 from ladle.cli_args import add_config_args, collect_refusals, config_fields, configs_from_args, refuse_serving_flags
@@ -137,17 +139,57 @@ def raise_open_files_limit(wanted: int = 65536, warn_below: int = 8192) -> None:
         logger.info("open-files limit: %s", "unlimited" if soft == resource.RLIM_INFINITY else soft)
 
 
+STARTUP_STOP_GRACE_S = 10.0  # after a SIGTERM during startup, the longest the startup code may take to stop
+
+
 def _stop_quietly(signum: int, frame: object) -> None:
+    """SIGTERM before uvicorn serves: arm the stop watchdog, then raise KeyboardInterrupt, which `cmd_serve` turns into
+    an orderly stop (a core being started is killed by spawn_core's cleanup). The exception alone is not enough:
+    Python drops an exception raised inside a finalizer (`__del__`, a weakref callback; it reports it as
+    "Exception ignored"), and library code may swallow it in a bare `except:`; the startup then went on to serve
+    and the process never stopped (seen once in CI: `ladle serve` alive 60 s after a SIGTERM at "configuration
+    accepted"). `_unraisable_interrupt` catches the first case at once, the watchdog the others."""
+    if not _STOP_WATCHDOG:
+        _STOP_WATCHDOG.append(threading.Thread(target=_exit_after_grace, name="ladle-stop-watchdog", daemon=True))
+        _STOP_WATCHDOG[0].start()
     raise KeyboardInterrupt
 
 
+_STOP_WATCHDOG: list[threading.Thread] = []
+
+
+def _exit_after_grace() -> None:
+    time.sleep(STARTUP_STOP_GRACE_S)
+    logger.info("ladle serve: stopped (the startup code had not stopped %.0f s after the signal)",
+                STARTUP_STOP_GRACE_S)
+    _exit_now(0)
+
+
+def _unraisable_interrupt(unraisable: "sys.UnraisableHookArgs") -> None:
+    """sys.unraisablehook while `ladle serve` runs: a KeyboardInterrupt that Python could not raise (the signal
+    arrived inside a finalizer) stops the process as the raised one would; anything else is reported as usual."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        logger.info("ladle serve: stopped")
+        _exit_now(0)
+    sys.__unraisablehook__(unraisable)
+
+
+def install_stop_handlers() -> None:
+    """SIGTERM -> `_stop_quietly`, and `_unraisable_interrupt` as sys.unraisablehook. Called by `cmd_serve` before its
+    first log line, so a signal sent on seeing that line finds them installed."""
+    signal.signal(signal.SIGTERM, _stop_quietly)
+    sys.unraisablehook = _unraisable_interrupt
+
+
 def cmd_serve(argv: list[str]) -> int:
+    """Never returns: the process ends through `_exit_now` with run_server's status (0 after a stop signal, 1 after
+    an error), so the interpreter's exit path, which joins every live non-daemon child process (multiprocessing's
+    atexit hook: the engine core is one), can never wait for a core that nobody stopped."""
     parser = serve_parser()
     engine_config, server_config, _ = configs_or_refusal(parser, argv)
     # Ctrl-C and SIGTERM end with status 0 and no traceback, also while the model loads (the server installs its
-    # own SIGTERM handler once it serves; uvicorn re-raises Ctrl-C as KeyboardInterrupt when it has shut down). The
-    # handler goes in before the first log line, so a signal sent on seeing that line finds it installed.
-    signal.signal(signal.SIGTERM, _stop_quietly)
+    # own SIGTERM handler once it serves; uvicorn re-raises Ctrl-C as KeyboardInterrupt when it has shut down).
+    install_stop_handlers()
     try:
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
         logger.info("ladle serve: configuration accepted (model %s); starting the engine",
@@ -155,11 +197,17 @@ def cmd_serve(argv: list[str]) -> int:
         raise_open_files_limit()
         from ladle.server.api import run_server
 
-        return run_server(engine_config, server_config)
+        status = run_server(engine_config, server_config)
     except KeyboardInterrupt:
         logger.info("ladle serve: stopped")
-        _exit_now(0)
-        return 0  # not reached
+        status = 0
+    except SystemExit as e:  # run_server's SIGTERM handler, before or after uvicorn served
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception:  # noqa: BLE001 — an unexpected error: its traceback, then the same exit path
+        logger.exception("ladle serve: failed")
+        status = 1
+    _exit_now(status)
+    return status  # not reached
 
 
 def _exit_now(status: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -35,13 +37,73 @@ def test_sigint_while_serving_exits_0_without_traceback(tmp_path):
 
 def test_sigterm_during_startup_exits_0_without_traceback(tmp_path):
     server = LadleServeProcess([], tmp_path / "serve.log")
-    deadline = time.monotonic() + 60
-    while "configuration accepted" not in server.log_tail() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(timeout=60) == 0
+    try:
+        deadline = time.monotonic() + 60
+        while "configuration accepted" not in server.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0, server.log_tail()
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
     log = server.log_tail(100_000)
     assert "Traceback" not in log and "ladle.server: serving" not in log  # it stopped before serving
+
+
+# A stand-in for startup code that loses the KeyboardInterrupt of `ladle serve`'s SIGTERM handler: {body} runs after
+# the handlers are installed and "ready" is printed; the grace period is {grace} s.
+_LOSES_THE_INTERRUPT = """
+import logging, sys, time
+import ladle.cli as cli
+logging.basicConfig(level=logging.INFO)
+cli.STARTUP_STOP_GRACE_S = {grace}
+cli.install_stop_handlers()
+try:
+    print("ready", flush=True)
+{body}
+except KeyboardInterrupt:
+    cli._exit_now(3)  # not the path under test
+"""
+
+
+def _run_losing_the_interrupt(tmp_path, body: str, grace: float):
+    """Start the stand-in, SIGTERM it once it is ready; returns (exit status, seconds from the signal, output)."""
+    script = tmp_path / "loses.py"
+    script.write_text(_LOSES_THE_INTERRUPT.format(grace=grace, body=body))
+    log_path = tmp_path / "loses.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # well inside the loop
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)
+        return status, time.monotonic() - start, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_swallowed_by_startup_code_still_stops_within_the_grace(tmp_path):
+    body = ("    while True:\n        try:\n            time.sleep(0.05)\n"
+            "        except BaseException:  # a bare except: in library code\n            pass\n")
+    status, seconds, out = _run_losing_the_interrupt(tmp_path, body, grace=2.0)
+    assert status == 0 and 2.0 <= seconds < 10.0, (status, seconds, out)
+    assert "had not stopped 2 s after the signal" in out and "Traceback" not in out, out
+
+
+def test_sigterm_inside_a_finalizer_stops_at_once_without_traceback(tmp_path):
+    # the signal arrives while a __del__ sleeps: Python cannot raise the interrupt there ("Exception ignored")
+    body = ("    class Slow:\n        def __del__(self):\n            time.sleep(0.2)\n"
+            "    while True:\n        Slow()\n")
+    status, seconds, out = _run_losing_the_interrupt(tmp_path, body, grace=60.0)
+    assert status == 0 and seconds < 10.0, (status, seconds, out)
+    assert "ladle serve: stopped" in out and "Traceback" not in out and "Exception ignored" not in out, out
 
 
 def test_open_files_limit_is_raised_to_the_hard_limit():

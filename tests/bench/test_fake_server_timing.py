@@ -48,47 +48,71 @@ def _run(fake_server, tmp_path, *extra):
     return json.loads((tmp_path / "r.json").read_text())
 
 
-def test_scripted_metrics(fake_server, tmp_path):
-    r = _run(fake_server, tmp_path, "--goodput", "ttft:175", "tpot:75")
-    assert r["completed"] == 4 and r["failed"] == 1
-    assert r["ladle"]["errors_by_kind"] == {"503": 1}
-    assert r["output_lens"] == [5, 8, 1, 0, 4]
-    assert r["total_output_tokens"] == 18
+def _timed_misses(r: dict) -> list[str]:
+    """The scripted run's time checks (see the module docstring): the ones that missed, as text; [] when all hold."""
+    misses: list[str] = []
+
+    def check(ok: bool, what: str) -> None:
+        if not ok:
+            misses.append(what)
+
     ms = lambda xs: [x * 1000 for x in xs]  # noqa: E731
-    ttft = ms(r["ttfts"])
-    for got, want in zip([ttft[i] for i in (0, 1, 2, 4)], [100, 50, 250, 50]):
-        assert near_late(got, want), (got, want)
-    for got, want in zip([ms(r["latencies"])[i] for i in (0, 1, 2, 4)], [300, 290, 250, 100]):
-        assert near_late(got, want), (got, want)
-    assert [len(x) for x in r["itls"]] == [4, 3, 0, 0, 1]
+    ttft, e2el = ms(r["ttfts"]), ms(r["latencies"])
+    for i, want in zip((0, 1, 2, 4), [100, 50, 250, 50]):
+        check(near_late(ttft[i], want), f"ttft[{i}] {ttft[i]:.1f} ms, scripted {want}")
+    for i, want in zip((0, 1, 2, 4), [300, 290, 250, 100]):
+        check(near_late(e2el[i], want), f"e2el[{i}] {e2el[i]:.1f} ms, scripted {want}")
     # gaps: one late chunk stretches one gap and shortens the next (a CI run saw a single 98 ms gap for 50), so each
     # request's median gap is checked, and the gaps must add up to the time from the first to the last chunk
     for i, want in ((0, 50), (1, 80)):
         gaps = sorted(ms(r["itls"][i]))
         median = (gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2
-        assert median == pytest.approx(want, abs=TOL_MS), (i, gaps)
+        check(abs(median - want) <= TOL_MS, f"request {i} median gap {median:.1f} ms, scripted {want} ({gaps})")
     for i in (0, 1, 4):  # E2EL - TTFT - sum(ITL): the end of the stream after its last chunk, never before it
-        rest = ms(r["latencies"])[i] - ttft[i] - sum(ms(r["itls"][i]))
-        assert -1.0 <= rest <= TOL_MS, (i, rest)
+        rest = e2el[i] - ttft[i] - sum(ms(r["itls"][i]))
+        check(-1.0 <= rest <= TOL_MS, f"request {i}: E2EL - TTFT - sum(ITL) = {rest:.1f} ms")
     # aggregates: TTFT [100, 50, 250, 50]; TPOT [50, 240/7, 50/3]; E2EL [300, 290, 250, 100]
-    assert near_late(r["mean_ttft_ms"], 112.5)
-    assert near_late(r["median_ttft_ms"], 75.0)
-    assert r["median_tpot_ms"] == pytest.approx(240 / 7, abs=TOL_MS / 3)
-    assert r["mean_tpot_ms"] == pytest.approx((50 + 240 / 7 + 50 / 3) / 3, abs=TOL_MS / 3)
-    assert r["median_itl_ms"] == pytest.approx(50.0, abs=TOL_MS)
-    assert r["mean_itl_ms"] == pytest.approx((5 * 50 + 3 * 80) / 8, abs=TOL_MS)
-    assert near_late(r["median_e2el_ms"], 270.0)
-    # throughput over the measured duration; duration = sum of the serial requests plus overhead
-    dur = r["duration"]
-    assert 0.94 <= dur <= 0.94 + 0.25
-    assert r["request_throughput"] == pytest.approx(4 / dur)
-    assert r["output_throughput"] == pytest.approx(18 / dur)
-    assert r["total_token_throughput"] == pytest.approx((r["total_input_tokens"] + 18) / dur)
-    assert r["total_input_tokens"] == sum(r["input_lens"][i] for i in (0, 1, 2, 4))
-    # good: A (100 <= 175, 50 <= 75), B, E; not C (TTFT 250)
+    check(near_late(r["mean_ttft_ms"], 112.5), f"mean TTFT {r['mean_ttft_ms']:.1f}")
+    check(near_late(r["median_ttft_ms"], 75.0), f"median TTFT {r['median_ttft_ms']:.1f}")
+    check(abs(r["median_tpot_ms"] - 240 / 7) <= TOL_MS / 3, f"median TPOT {r['median_tpot_ms']:.1f}")
+    mean_tpot = (50 + 240 / 7 + 50 / 3) / 3
+    check(abs(r["mean_tpot_ms"] - mean_tpot) <= TOL_MS / 3, f"mean TPOT {r['mean_tpot_ms']:.1f}, {mean_tpot:.1f}")
+    check(abs(r["median_itl_ms"] - 50.0) <= TOL_MS, f"median ITL {r['median_itl_ms']:.1f}")
+    check(abs(r["mean_itl_ms"] - (5 * 50 + 3 * 80) / 8) <= TOL_MS, f"mean ITL {r['mean_itl_ms']:.1f}")
+    check(near_late(r["median_e2el_ms"], 270.0), f"median E2EL {r['median_e2el_ms']:.1f}")
+    # duration = the serial requests' scripted times (0.94 s) plus overhead
+    check(0.94 <= r["duration"] <= 0.94 + 0.25, f"duration {r['duration']:.3f} s")
+    return misses
+
+
+def test_scripted_metrics(fake_server, tmp_path):
+    """Counts and formulas are exact in every run. The time checks must all hold in one of up to three runs: a
+    client that measures wrongly misses them every time, while one scheduling stall of the shared CI machine (a
+    single TTFT 44 ms late, seen once) misses them in one run only. Every run's misses are in the failure message."""
+    misses_per_run: list[list[str]] = []
+    for attempt in range(3):
+        run_dir = tmp_path / f"run{attempt}"
+        run_dir.mkdir()
+        r = _run(fake_server, run_dir, "--goodput", "ttft:175", "tpot:75")
+        assert r["completed"] == 4 and r["failed"] == 1
+        assert r["ladle"]["errors_by_kind"] == {"503": 1}
+        assert r["output_lens"] == [5, 8, 1, 0, 4]
+        assert r["total_output_tokens"] == 18
+        assert [len(x) for x in r["itls"]] == [4, 3, 0, 0, 1]
+        # throughput over the measured duration
+        dur = r["duration"]
+        assert r["request_throughput"] == pytest.approx(4 / dur)
+        assert r["output_throughput"] == pytest.approx(18 / dur)
+        assert r["total_token_throughput"] == pytest.approx((r["total_input_tokens"] + 18) / dur)
+        assert r["total_input_tokens"] == sum(r["input_lens"][i] for i in (0, 1, 2, 4))
+        assert r["max_concurrent_requests"] == 1
+        assert r["ladle"]["num_chunks"] == 5 + 4 + 1 + 2
+        misses_per_run.append(_timed_misses(r))
+        if not misses_per_run[-1]:
+            break
+    assert not misses_per_run[-1], misses_per_run
+    # good: A (100 <= 175, 50 <= 75), B, E; not C (TTFT 250), in the run whose times held
     assert r["request_goodput"] == pytest.approx(3 / dur)
-    assert r["max_concurrent_requests"] == 1
-    assert r["ladle"]["num_chunks"] == 5 + 4 + 1 + 2
 
 
 def test_chat_backend_same_timing(fake_server, tmp_path):
