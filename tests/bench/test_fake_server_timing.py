@@ -5,7 +5,8 @@ loopback round trip and event-loop scheduling on a shared 2-core machine, so tim
 (TTFT, E2EL) must lie in [want - 3 ms, want + TOL_MS] (a client can only see a chunk late, never early) and
 gaps (a request's median ITL, TPOT) within +-TOL_MS, TOL_MS = 40 ms: errors of 1-8 ms are typical, 20-26 ms were seen
 with the machine at load 8 on 2 cores, and one single gap of 98 ms for 50 in a CI run. Goodput SLOs sit 75 ms from every
-TTFT. Counts, token totals and the throughput/goodput formulas (relative to the measured duration) are compared exactly.
+TTFT. Counts, token totals and the throughput/goodput formulas (relative to the measured duration) are compared exactly
+in every run; the time checks must hold in one of up to three runs (`_in_time`).
 """
 
 from __future__ import annotations
@@ -85,14 +86,24 @@ def _timed_misses(r: dict) -> list[str]:
     return misses
 
 
-def test_scripted_metrics(fake_server, tmp_path):
-    """Counts and formulas are exact in every run. The time checks must all hold in one of up to three runs: a
-    client that measures wrongly misses them every time, while one scheduling stall of the shared CI machine (a
-    single TTFT 44 ms late, seen once) misses them in one run only. Every run's misses are in the failure message."""
+def _in_time(tmp_path, run_once, timed_misses, attempts: int = 3) -> dict:
+    """Run `run_once(run_dir)` (a fresh dir per run; it makes the exact checks and returns the result JSON) until
+    `timed_misses(result)` is empty, at most `attempts` times, and return that result. A client that measures
+    wrongly misses the time checks every time, while one scheduling stall of the shared CI machine (a single TTFT
+    44 ms late, seen once) misses them in one run only. Fails with every run's misses."""
     misses_per_run: list[list[str]] = []
-    for attempt in range(3):
+    for attempt in range(attempts):
         run_dir = tmp_path / f"run{attempt}"
         run_dir.mkdir()
+        r = run_once(run_dir)
+        misses_per_run.append(timed_misses(r))
+        if not misses_per_run[-1]:
+            return r
+    raise AssertionError(f"time checks missed in all {attempts} runs: {misses_per_run}")
+
+
+def test_scripted_metrics(fake_server, tmp_path):
+    def run_once(run_dir):  # counts and formulas: exact in every run
         r = _run(fake_server, run_dir, "--goodput", "ttft:175", "tpot:75")
         assert r["completed"] == 4 and r["failed"] == 1
         assert r["ladle"]["errors_by_kind"] == {"503": 1}
@@ -107,18 +118,21 @@ def test_scripted_metrics(fake_server, tmp_path):
         assert r["total_input_tokens"] == sum(r["input_lens"][i] for i in (0, 1, 2, 4))
         assert r["max_concurrent_requests"] == 1
         assert r["ladle"]["num_chunks"] == 5 + 4 + 1 + 2
-        misses_per_run.append(_timed_misses(r))
-        if not misses_per_run[-1]:
-            break
-    assert not misses_per_run[-1], misses_per_run
+        return r
+
+    r = _in_time(tmp_path, run_once, _timed_misses)
     # good: A (100 <= 175, 50 <= 75), B, E; not C (TTFT 250), in the run whose times held
-    assert r["request_goodput"] == pytest.approx(3 / dur)
+    assert r["request_goodput"] == pytest.approx(3 / r["duration"])
 
 
 def test_chat_backend_same_timing(fake_server, tmp_path):
-    r = _run(fake_server, tmp_path, "--backend", "openai-chat")
-    assert r["completed"] == 4 and r["output_lens"] == [5, 8, 1, 0, 4]
-    assert near_late(r["median_ttft_ms"], 75.0)
+    def run_once(run_dir):
+        r = _run(fake_server, run_dir, "--backend", "openai-chat")
+        assert r["completed"] == 4 and r["output_lens"] == [5, 8, 1, 0, 4]
+        return r
+
+    _in_time(tmp_path, run_once, lambda r: [] if near_late(r["median_ttft_ms"], 75.0)
+             else [f"median TTFT {r['median_ttft_ms']:.1f}, scripted 75"])
     assert "messages" in fake_server.requests[0]["body"]
     assert fake_server.requests[0]["body"]["max_completion_tokens"] == 256
 
@@ -132,15 +146,26 @@ def test_payload_is_vllms(fake_server, tmp_path):
 
 
 def test_empty_text_chunk_counts_and_comments_do_not(fake_server, tmp_path):
-    path = tmp_path / "e.jsonl"
     script = {"ttft": 0.05, "chunks": [0, 1, 1], "gap": 0.05, "ping": True}
-    path.write_text(json.dumps({"prompt": f"x SCRIPT{json.dumps(script)}"}) + "\n")
-    argv = ["serve", "--base-url", fake_server.base_url, "--model", "fake-model", "--dataset-name", "custom",
-            "--dataset-path", str(path), "--num-prompts", "1", "--disable-tqdm", "--save-result", "--result-dir",
-            str(tmp_path), "--result-filename", "e.json"]
-    assert main(argv) == 0
-    r = json.loads((tmp_path / "e.json").read_text())
-    # TTFT at the empty-text chunk (t=50 ms), not at the comment or the choices-less chunk sent at t=0
-    assert near_late(r["ttfts"][0] * 1000, 50)
-    assert len(r["itls"][0]) == 2 and r["output_lens"] == [2]
-    assert r["median_tpot_ms"] == pytest.approx(100.0, abs=TOL_MS)  # (150 - 50) / (2 - 1)
+
+    def run_once(run_dir):
+        path = run_dir / "e.jsonl"
+        path.write_text(json.dumps({"prompt": f"x SCRIPT{json.dumps(script)}"}) + "\n")
+        argv = ["serve", "--base-url", fake_server.base_url, "--model", "fake-model", "--dataset-name", "custom",
+                "--dataset-path", str(path), "--num-prompts", "1", "--disable-tqdm", "--save-result", "--result-dir",
+                str(run_dir), "--result-filename", "e.json"]
+        assert main(argv) == 0
+        r = json.loads((run_dir / "e.json").read_text())
+        assert len(r["itls"][0]) == 2 and r["output_lens"] == [2]
+        return r
+
+    def timed_misses(r):
+        misses = []
+        # TTFT at the empty-text chunk (t=50 ms), not at the comment or the choices-less chunk sent at t=0
+        if not near_late(r["ttfts"][0] * 1000, 50):
+            misses.append(f"TTFT {r['ttfts'][0] * 1000:.1f} ms, scripted 50")
+        if abs(r["median_tpot_ms"] - 100.0) > TOL_MS:  # (150 - 50) / (2 - 1)
+            misses.append(f"median TPOT {r['median_tpot_ms']:.1f} ms, scripted 100")
+        return misses
+
+    _in_time(tmp_path, run_once, timed_misses)
