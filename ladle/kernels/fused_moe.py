@@ -375,9 +375,10 @@ def combine_tile(num_tokens: int) -> tuple[int, int, int]:
 def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
                        block_t: Optional[int] = None, block_h: Optional[int] = None,
                        positions: Optional[torch.Tensor] = None,
-                       weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       weights: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out_slots [T*k, H] float32, bfloat16 or float16 contiguous (row t*k + i: slot i of token t) -> [T, H] in
-    out_dtype, one pass. Each slot is upcast to fp32 (exact) and the slots are summed in the fixed order
+    out_dtype, one pass; written into `out` when given ([T, H] contiguous, out_dtype: e.g. a row range of the
+    caller's output, so a chunked MoE needs no copy) and returned. Each slot is upcast to fp32 (exact) and the slots are summed in the fixed order
     ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounded once to out_dtype (round to nearest even), so
     the result is deterministic and bitwise equal to that sequential fp32 loop done in torch on out_slots.float().
     16-bit slots: GEMM 2 rounded each slot once to the slot dtype (nearest even, unit roundoff u_s = 2^-8 bf16,
@@ -402,7 +403,9 @@ def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dty
         assert weights.dtype == torch.float32 and out_slots.shape[0] >= T * k
     else:
         assert out_slots.shape == (T * k, H)
-    out = torch.empty((T, H), dtype=out_dtype, device=out_slots.device)
+    if out is None:
+        out = torch.empty((T, H), dtype=out_dtype, device=out_slots.device)
+    assert out.shape == (T, H) and out.dtype == out_dtype and out.is_contiguous(), (out.shape, out.dtype)
     if T == 0:
         return out
     bt, bh, warps = combine_tile(T)
@@ -414,16 +417,27 @@ def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dty
 
 
 def moe_combine_ref(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype,
-                    positions: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    positions: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Torch reference: out_slots [T*k, H] float32 / bf16 / fp16 -> [T, H] =
     out_slots.float().view(T, k, H).sum(dim=1).to(out_dtype) (16-bit slots upcast first: an fp32 sum, as the
     kernel; the pairing of torch's sum as in `moe_combine_triton`'s doc). Gathered form (positions, weights): the
-    slots are weights[t, i] * out_slots[positions[t*k + i]].float() (`moe_combine_triton`)."""
+    slots are weights[t, i] * out_slots[positions[t*k + i]].float() (`moe_combine_triton`). `out`: copied into
+    and returned, as the kernel's."""
     if positions is not None:
         slots = out_slots[positions.long()].float() * weights.float().reshape(-1, 1)
     else:
         slots = out_slots.float()
-    return slots.view(num_tokens, k, out_slots.shape[1]).sum(dim=1).to(out_dtype)
+    return into(out, slots.view(num_tokens, k, out_slots.shape[1]).sum(dim=1).to(out_dtype))
+
+
+def into(out: Optional[torch.Tensor], result: torch.Tensor) -> torch.Tensor:
+    """`result`, or `out` with result copied into it when the caller gave one (the `out=` of the MoE ops whose path
+    computes a fresh tensor: the torch references, and the kernels that do not write into it)."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
 
 
 def aligned_positions(sorted_ids: torch.Tensor, numel: int) -> torch.Tensor:
@@ -437,16 +451,16 @@ def aligned_positions(sorted_ids: torch.Tensor, numel: int) -> torch.Tensor:
 
 def moe_combine(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype: torch.dtype, *,
                 use_triton: bool, positions: Optional[torch.Tensor] = None,
-                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+                weights: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dispatching entry point of the combine over the k slots (records op "moe_combine", bucket = tokens); the
-    fused MoE launchers call it with use_triton=True. positions / weights: the gathered form (`moe_combine_triton`).
-    Fallback: `moe_combine_ref`."""
+    fused MoE launchers call it with use_triton=True. positions / weights: the gathered form (`moe_combine_triton`);
+    out: the [T, H] tensor to write (`moe_combine_triton`). Fallback: `moe_combine_ref`."""
     reason: Optional[str] = triton_ok(out_slots)
     if reason is None and not out_slots.is_contiguous():
         reason = "out_slots not contiguous"
     if decide_triton(OP_COMBINE, num_tokens, use_triton, reason):
-        return moe_combine_triton(out_slots, num_tokens, k, out_dtype, positions=positions, weights=weights)
-    return moe_combine_ref(out_slots, num_tokens, k, out_dtype, positions, weights)
+        return moe_combine_triton(out_slots, num_tokens, k, out_dtype, positions=positions, weights=weights, out=out)
+    return moe_combine_ref(out_slots, num_tokens, k, out_dtype, positions, weights, out)
 
 
 def swigluoai_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA,

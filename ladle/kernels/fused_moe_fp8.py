@@ -63,7 +63,7 @@ from ladle.kernels._common import MAX_TOKENS, decide_triton, interpreting, round
 from ladle.kernels.fp8_gemm import fp8_dot, fp8_dot_step, load_weight_scale, weight_group
 from ladle.kernels.fp8_quant import FP8_DTYPE, act_quant, act_quant_ref, dequant_block_fp8
 from ladle.kernels.fused_moe import (SWIGLU_ALPHA, SWIGLU_LIMIT, MoETileConfig, aligned_positions, check_routing,
-                                     moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for,
+                                     into, moe_combine, moe_launch_plan, moe_tile_cols, moe_tile_rows, slot_dtype_for,
                                      store_slot_rows, store_swigluoai, swigluoai_ref)
 from ladle.observe import dispatch
 from ladle.observe.op_timing import timed_op
@@ -641,37 +641,47 @@ def fp8_moe_gemm2(plan: Fp8MoEPlan, i_q: torch.Tensor, i_s: torch.Tensor, w2: to
 
 
 def fp8_moe_combine(plan: Fp8MoEPlan, gemm2_out: torch.Tensor, topk_weights: torch.Tensor,
-                    out_dtype: torch.dtype) -> torch.Tensor:
+                    out_dtype: torch.dtype, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`moe_combine` of GEMM 2's output (`fp8_moe_gemm2`): the slot rows, or with plan.opt.gemm2_aligned the
-    aligned rows gathered by `aligned_positions` and weighted by topk_weights [T, k] fp32 -> [T, H] in out_dtype."""
+    aligned rows gathered by `aligned_positions` and weighted by topk_weights [T, k] fp32 -> [T, H] in out_dtype,
+    written into `out` when given (`moe_combine_triton`)."""
     if plan.opt.gemm2_aligned:
         return moe_combine(gemm2_out, plan.T, plan.k, out_dtype, use_triton=True,
-                           positions=aligned_positions(plan.sorted_ids, plan.T * plan.k), weights=topk_weights)
-    return moe_combine(gemm2_out, plan.T, plan.k, out_dtype, use_triton=True)
+                           positions=aligned_positions(plan.sorted_ids, plan.T * plan.k), weights=topk_weights,
+                           out=out)
+    return moe_combine(gemm2_out, plan.T, plan.k, out_dtype, use_triton=True, out=out)
 
 
 def fused_moe_fp8_triton(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
     config: Optional[MoETileConfig] = None, options: Optional[Fp8MoEOptions] = None, block_uniform: bool = False,
-    slot_dtype: Optional[torch.dtype] = None,
+    slot_dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """x [T, H] float, w13/w2 fp8 with scales (module doc), topk_ids [T, k] int32 rows of the tables,
     topk_weights [T, k] fp32 -> [T, H] in x.dtype. config / options override the tile and option tables;
     block_uniform: `block_scales_uniform(w13_scale, w2_scale)` is known to hold (the "fp8_block" rows).
     slot_dtype: dtype of GEMM 2's per-slot rows (ladle/kernels/fused_moe.py `slot_dtype_for`; None: SLOT_DTYPE).
-    No host sync; shapes fixed by (T, k, E', H, I)."""
+    out: [T, H] contiguous in x.dtype that the combine writes (FusedMoE passes its chunk's rows), returned.
+    Each stage's input is released once the next stage has it: the quantized x after GEMM 1, the bf16
+    intermediate after its quantization, the quantized intermediate after GEMM 2. So the combine (the op's peak,
+    beside GEMM 2's [P, H] rows) no longer holds them: at a 16384-token chunk of one TP4 rank of M3 (H 6144, I 768,
+    P <= 98.3K aligned rows) 100.7 + 151.0 + 75.5 MB by the byte count (not measured on a GPU), and with `out`
+    the combine's own [T, H] result (201 MB there) is not allocated either. No host sync; shapes fixed by
+    (T, k, E', H, I)."""
     if x.shape[0] == 0:
         _check(x, w13, w13_scale, w2, w2_scale)
         check_routing(topk_ids, topk_weights, 0)
         slot_dtype_for(x.dtype, 0, slot_dtype)
-        return torch.empty_like(x)
+        return into(out, torch.empty_like(x))
     plan = fp8_moe_plan(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, config, options, block_uniform,
                         slot_dtype)
-    a_q, a_s = act_quant(x.contiguous(), use_triton=True)
-    inter = fp8_moe_gemm1(plan, a_q, a_s, w13, w13_scale, alpha, limit, x.dtype)
+    inter = fp8_moe_gemm1(plan, *act_quant(x.contiguous(), use_triton=True), w13, w13_scale, alpha, limit, x.dtype)
     i_q, i_s = act_quant(inter, use_triton=True)
-    return fp8_moe_combine(plan, fp8_moe_gemm2(plan, i_q, i_s, w2, w2_scale, topk_weights), topk_weights, x.dtype)
+    del inter
+    rows = fp8_moe_gemm2(plan, i_q, i_s, w2, w2_scale, topk_weights)
+    del i_q, i_s
+    return fp8_moe_combine(plan, rows, topk_weights, x.dtype, out)
 
 
 def fused_moe_fp8_ref(
@@ -714,12 +724,12 @@ def w8a8_moe_ref(
 def fused_moe_fp8(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
-    *, use_triton: bool = True, block_uniform: bool = False,
+    *, use_triton: bool = True, block_uniform: bool = False, out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Dispatching entry point (records op "fused_moe_fp8", bucket = tokens); the fallback is the float32
-    reference. block_uniform: as `fused_moe_fp8_triton`."""
+    reference. block_uniform, out: as `fused_moe_fp8_triton` (the fallback copies into out)."""
     if decide_triton(OP, x.shape[0], use_triton, triton_ok(x, w13)):
         return fused_moe_fp8_triton(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, alpha, limit,
-                                    block_uniform=block_uniform)
-    return fused_moe_fp8_ref(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, alpha, limit,
-                             compute_dtype=torch.float32)
+                                    block_uniform=block_uniform, out=out)
+    return into(out, fused_moe_fp8_ref(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, alpha, limit,
+                                       compute_dtype=torch.float32))

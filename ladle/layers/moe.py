@@ -26,7 +26,7 @@ from typing import Hashable, Optional, Union
 import torch
 from torch import nn
 
-from ladle.kernels.fused_moe import fused_moe
+from ladle.kernels.fused_moe import fused_moe, into
 from ladle.kernels.moe_router import moe_router
 from ladle.layers.backends import op_backends
 from ladle.layers.linear import (check_shape, all_reduce_across_ranks, head_shard, replicated_weight_loader,
@@ -62,10 +62,11 @@ class UnquantizedFusedMoEMethod:
             layer.register_parameter(name, set_weight_loader(p, weight_loader, 1))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-              use_triton: bool) -> torch.Tensor:
-        """x [T, H], topk_ids / topk_weights [T, k] (rows of w13 / w2, weights) -> [T, H] in x.dtype."""
-        return fused_moe(x, layer.w13, layer.w2, topk_ids, topk_weights, layer.swiglu_alpha, layer.swiglu_limit,
-                         use_triton=use_triton)
+              use_triton: bool, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [T, H], topk_ids / topk_weights [T, k] (rows of w13 / w2, weights) -> [T, H] in x.dtype, copied into
+        `out` when given ([T, H] contiguous: FusedMoE passes a chunk's rows of its output) and returned."""
+        return into(out, fused_moe(x, layer.w13, layer.w2, topk_ids, topk_weights, layer.swiglu_alpha,
+                                   layer.swiglu_limit, use_triton=use_triton))
 
 
 class FusedMoE(nn.Module):
@@ -188,7 +189,8 @@ class FusedMoE(nn.Module):
         out = torch.empty_like(x)
         for start in range(0, num_tokens, MOE_CHUNK_TOKENS):
             rows = slice(start, min(start + MOE_CHUNK_TOKENS, num_tokens))
-            out[rows] = self.quant_method.apply(self, x[rows], ids[rows], weights[rows], use_triton=use_triton)
+            # the chunk's result lands in its rows of `out`: the FP8 op's combine writes them, the other ops copy
+            self.quant_method.apply(self, x[rows], ids[rows], weights[rows], use_triton=use_triton, out=out[rows])
         return out
 
     def local_route(self, x: torch.Tensor, with_shared: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,14 +42,14 @@ class Fp8FusedMoEMethod:
             register_expert_table(layer, name, weight, scale, init)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-              use_triton: bool) -> torch.Tensor:
+              use_triton: bool, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [T, H], topk_ids / topk_weights [T, k] -> [T, H] in x.dtype: the layer's tables (`w13`, `w13_scale_inv`,
         `w2`, `w2_scale_inv`) and SwiGLU-OAI constants into the format's op, `run_experts` (the one part
-        Mxfp4FusedMoEMethod overrides)."""
+        Mxfp4FusedMoEMethod overrides). out: [T, H] contiguous to write and return (FusedMoE's chunk rows)."""
         return self.run_experts(x, layer.w13, layer.w13_scale_inv, layer.w2, layer.w2_scale_inv, topk_ids,
-                                topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton)
+                                topk_weights, layer.swiglu_alpha, layer.swiglu_limit, use_triton=use_triton, out=out)
 
-    def run_experts(self, *args, use_triton: bool) -> torch.Tensor:
+    def run_experts(self, *args, use_triton: bool, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Op `fused_moe_fp8` on `apply`'s arguments (x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights,
         alpha, limit), with block_uniform = `block_scales_uniform` of this layer's scale tables (checked at the
         first call and kept on the w13 scale parameter: the runner's first forward is eager, before any CUDA-graph
@@ -61,7 +61,7 @@ class Fp8FusedMoEMethod:
                 uniform = False
             else:
                 uniform = w13_scale.block_uniform = block_scales_uniform(w13_scale, w2_scale)
-        return fused_moe_fp8(*args, use_triton=use_triton, block_uniform=uniform)
+        return fused_moe_fp8(*args, use_triton=use_triton, block_uniform=uniform, out=out)
 
 
 def register_expert_table(layer: nn.Module, name: str, weight: nn.Parameter, scale: nn.Parameter, init) -> None:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ladle.kernels.fp8_quant import MX_GROUP, quantize_mxfp4
+from ladle.kernels.fused_moe import into
 from ladle.kernels.fused_moe_mxfp4 import fused_moe_mxfp4
 from ladle.layers.linear import set_weight_loader
 from ladle.quant.fp8 import Fp8Config, Fp8LinearMethod, _param
@@ -64,9 +65,11 @@ class Mxfp4FusedMoEMethod(Fp8FusedMoEMethod):
     def __init__(self, config: Mxfp4Config = Mxfp4Config()) -> None:
         self.config = config
 
-    def run_experts(self, *args, use_triton: bool) -> torch.Tensor:
-        """Op `fused_moe_mxfp4` on `apply`'s arguments (Fp8FusedMoEMethod.run_experts), W4A8 when configured."""
-        return fused_moe_mxfp4(*args, use_triton=use_triton, fp8_activations=self.config.activation_dtype == "fp8")
+    def run_experts(self, *args, use_triton: bool, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Op `fused_moe_mxfp4` on `apply`'s arguments (Fp8FusedMoEMethod.run_experts), W4A8 when configured;
+        copied into `out` when given."""
+        return into(out, fused_moe_mxfp4(*args, use_triton=use_triton,
+                                         fp8_activations=self.config.activation_dtype == "fp8"))
 
     def create_weights(self, layer: nn.Module, num_rows: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: Optional[torch.dtype], device, weight_loader) -> None:

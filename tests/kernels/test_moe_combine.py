@@ -328,3 +328,56 @@ def test_aligned_positions_invert_the_aligned_order():
     assert pos.shape == (ids.numel(),) and pos.dtype == torch.int32
     assert torch.equal(sorted_ids[pos.long()], torch.arange(ids.numel(), dtype=torch.int32))
     assert (pos < int(npp)).all()
+
+
+@pytest.mark.parametrize("gathered", [False, True])
+def test_combine_writes_into_a_given_out(gathered):
+    """`out=`: the combine writes a [T, H] row range of a larger tensor (FusedMoE's chunk rows), leaves the other rows
+    alone, returns that tensor, and writes exactly what it returns without `out`; the reference copies into it."""
+    T, k, H = 9, 3, 72
+    g = torch.Generator().manual_seed(11)
+    slots = _slots(T, k, H, seed=4).to(torch.bfloat16)
+    kwargs = {}
+    rows = slots
+    if gathered:
+        R = T * k + 5
+        perm = torch.randperm(R, generator=g)[:T * k]
+        rows = torch.full((R, H), float("nan"), dtype=torch.bfloat16)
+        rows[perm] = slots
+        kwargs = {"positions": perm.to(torch.int32), "weights": torch.rand(T, k, generator=g) + 0.1}
+    fresh = moe_combine(rows, T, k, torch.bfloat16, use_triton=True, **kwargs)
+    big = torch.full((T + 6, H), -7.0, dtype=torch.bfloat16)
+    got = moe_combine(rows, T, k, torch.bfloat16, use_triton=True, out=big[4:4 + T], **kwargs)
+    assert got.data_ptr() == big[4].data_ptr() and torch.equal(got, fresh)
+    assert (big[:4] == -7).all() and (big[4 + T:] == -7).all()
+    ref_out = torch.empty(T, H, dtype=torch.bfloat16)
+    ref = moe_combine_ref(rows, T, k, torch.bfloat16, kwargs.get("positions"), kwargs.get("weights"), out=ref_out)
+    assert ref is ref_out and torch.equal(ref, moe_combine_ref(rows, T, k, torch.bfloat16, kwargs.get("positions"),
+                                                               kwargs.get("weights")))
+    with pytest.raises(AssertionError):
+        moe_combine_triton(rows, T, k, torch.bfloat16, out=torch.empty(T, H, dtype=torch.float32), **kwargs)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_fp8_moe_op_writes_into_a_given_out(aligned):
+    """The FP8 op with `out=` (slot rows, and GEMM 2's aligned rows with the gathered combine) returns `out`, holding
+    exactly the op's result without it; the reference fallback copies into it."""
+    from ladle.kernels.fused_moe_fp8 import Fp8MoEOptions, fused_moe_fp8
+
+    torch.manual_seed(5)
+    T, E, H, I, k = 11, 4, 256, 128, 3
+    x = torch.randn(T, H)
+    tables = FAMILIES["fp8"][2](torch.randn(E, 2 * I, H) * 0.2, torch.randn(E, H, I) * 0.2)
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).int()
+    wts = torch.rand(T, k)
+    # 128 x 128 block tables: block-uniform scales, which the aligned rows need
+    opts = Fp8MoEOptions(gu_dot=True, block_scales=True, gemm2_aligned=True) if aligned else None
+    fresh = fused_moe_fp8_triton(x, *tables, ids, wts, options=opts, block_uniform=aligned)
+    assert fresh.abs().max() > 0.1
+    big = torch.full((T + 3, H), 5.0)
+    got = fused_moe_fp8_triton(x, *tables, ids, wts, options=opts, block_uniform=aligned, out=big[2:2 + T])
+    assert got.data_ptr() == big[2].data_ptr() and torch.equal(got, fresh)
+    assert (big[:2] == 5).all() and (big[2 + T:] == 5).all()
+    ref_out = torch.empty(T, H)
+    ref = fused_moe_fp8(x, *tables, ids, wts, use_triton=False, out=ref_out)
+    assert ref is ref_out and torch.equal(ref, fused_moe_fp8(x, *tables, ids, wts, use_triton=False))

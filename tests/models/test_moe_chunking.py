@@ -1,10 +1,13 @@
 """FusedMoE runs long token runs in chunks of MOE_CHUNK_TOKENS (ladle/layers/moe.py): the chunked output equals the
-one-call output, token by token, for the plain and the FP8 expert tables (the shared expert folded in)."""
+one-call output, token by token, for the plain and the FP8 expert tables (the shared expert folded in), on the torch
+references and on the Triton kernels (CPU interpreter); each chunk's result is written into its rows of the layer's
+output (the FP8 op's combine writes them; the others copy)."""
 
 import pytest
 import torch
 
 from ladle.layers import moe as moe_module
+from ladle.layers.attention.metadata import OpBackends
 from ladle.layers.moe import FusedMoE
 from ladle.quant.fp8 import Fp8Config
 from ladle.layers.quant_slot import quant_config_scope
@@ -27,22 +30,30 @@ def _layer(quant):
     return layer
 
 
+@pytest.mark.parametrize("path", ["torch", "triton"])
 @pytest.mark.parametrize("quant", [False, True], ids=["bf16-table", "fp8"])
-def test_chunked_moe_equals_one_call(monkeypatch, quant):
+def test_chunked_moe_equals_one_call(monkeypatch, quant, path):
+    if path == "triton":
+        monkeypatch.setattr(moe_module, "op_backends", OpBackends.kernels)
     layer = _layer(quant)
     x = torch.randn(23, 128, generator=torch.Generator().manual_seed(3))
     whole = layer(x)
     calls = []
     apply = layer.quant_method.apply
 
-    def counting_apply(lyr, xs, ids, wts, use_triton):
-        calls.append(xs.shape[0])
-        return apply(lyr, xs, ids, wts, use_triton=use_triton)
+    def counting_apply(lyr, xs, ids, wts, use_triton, out=None):
+        got = apply(lyr, xs, ids, wts, use_triton=use_triton, out=out)
+        calls.append((xs.shape[0], out.data_ptr(), got.data_ptr(), use_triton))
+        return got
 
     monkeypatch.setattr(layer.quant_method, "apply", counting_apply)
     monkeypatch.setattr(moe_module, "MOE_CHUNK_TOKENS", 8)
     chunked = layer(x)
-    assert calls == [8, 8, 7]
+    row = chunked.stride(0) * chunked.element_size()
+    base = chunked.data_ptr()
+    # three chunks, each handed its rows of the output, each returning that very tensor
+    assert calls == [(n, base + start * row, base + start * row, path == "triton")
+                     for n, start in ((8, 0), (8, 8), (7, 16))]
     assert whole.abs().max() > 0.1  # a real output, not zeros
     # each token's experts are computed from its own row only; the reference matmuls may round a row differently
     # when the row count changes (BLAS blocking), so allow float32 rounding, far below any row mix-up (~O(1) rel)
