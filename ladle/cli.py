@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Callable, Optional
 
 from ladle.cli_args import add_config_args, collect_refusals, config_fields, configs_from_args, refuse_serving_flags
@@ -149,17 +148,18 @@ def _stop_quietly(signum: int, frame: object) -> None:
     "Exception ignored"), and library code may swallow it in a bare `except:`; the startup then went on to serve
     and the process never stopped (seen once in CI: `ladle serve` alive 60 s after a SIGTERM at "configuration
     accepted"). `_unraisable_interrupt` catches the first case at once, the watchdog the others."""
-    if not _STOP_WATCHDOG:
-        _STOP_WATCHDOG.append(threading.Thread(target=_exit_after_grace, name="ladle-stop-watchdog", daemon=True))
-        _STOP_WATCHDOG[0].start()
+    global _stop_watchdog
+    if _stop_watchdog is None:  # armed once: a second signal finds it running
+        _stop_watchdog = threading.Timer(STARTUP_STOP_GRACE_S, _exit_after_grace)
+        _stop_watchdog.daemon = True
+        _stop_watchdog.start()
     raise KeyboardInterrupt
 
 
-_STOP_WATCHDOG: list[threading.Thread] = []
+_stop_watchdog: Optional[threading.Timer] = None
 
 
 def _exit_after_grace() -> None:
-    time.sleep(STARTUP_STOP_GRACE_S)
     logger.info("ladle serve: stopped (the startup code had not stopped %.0f s after the signal)",
                 STARTUP_STOP_GRACE_S)
     _exit_now(0)

@@ -378,9 +378,10 @@ def moe_combine_triton(out_slots: torch.Tensor, num_tokens: int, k: int, out_dty
                        weights: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out_slots [T*k, H] float32, bfloat16 or float16 contiguous (row t*k + i: slot i of token t) -> [T, H] in
     out_dtype, one pass; written into `out` when given ([T, H] contiguous, out_dtype: e.g. a row range of the
-    caller's output, so a chunked MoE needs no copy) and returned. Each slot is upcast to fp32 (exact) and the slots are summed in the fixed order
-    ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounded once to out_dtype (round to nearest even), so
-    the result is deterministic and bitwise equal to that sequential fp32 loop done in torch on out_slots.float().
+    caller's output, so a chunked MoE needs no copy) and returned. Each slot is upcast to fp32 (exact) and the
+    slots are summed in the fixed order ((s0 + s1) + s2) + ... in fp32 (no FMA, no atomics), then rounded once to
+    out_dtype (round to nearest even), so the result is deterministic and bitwise equal to that sequential fp32
+    loop done in torch on out_slots.float().
     16-bit slots: GEMM 2 rounded each slot once to the slot dtype (nearest even, unit roundoff u_s = 2^-8 bf16,
     2^-11 fp16: |r_i - s_i| <= u_s |s_i|; fp16 also adds <= 2^-25 absolute below 2^-14 and overflows past 65504),
     so against the exact slots s_i the sum before the final rounding is within (u_s + (k-1) 2^-24 (1 + u_s)) S,
@@ -434,10 +435,7 @@ def moe_combine_ref(out_slots: torch.Tensor, num_tokens: int, k: int, out_dtype:
 def into(out: Optional[torch.Tensor], result: torch.Tensor) -> torch.Tensor:
     """`result`, or `out` with result copied into it when the caller gave one (the `out=` of the MoE ops whose path
     computes a fresh tensor: the torch references, and the kernels that do not write into it)."""
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    return result if out is None else out.copy_(result)
 
 
 def aligned_positions(sorted_ids: torch.Tensor, numel: int) -> torch.Tensor:
